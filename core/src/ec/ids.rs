@@ -1,0 +1,133 @@
+//! Identifiers of the EC channel, stored compactly.
+//!
+//! Transfer ids are `uuid4().hex` in practice (32 lowercase hex chars) but any string is
+//! legal on the wire; reservation ids are always minted here as `uuid4().hex`. Keeping the
+//! common form as 16 raw bytes is what holds a live reservation under 256 bytes.
+
+use rand_core::RngCore;
+use std::fmt;
+
+/// A transfer id: any string, held as 16 bytes when it is 32 lowercase hex digits.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TransferId {
+    /// The canonical `uuid4().hex` shape.
+    Hex([u8; 16]),
+    /// Anything else, verbatim.
+    Text(Box<str>),
+}
+
+impl TransferId {
+    /// Wraps a wire string; the same string always yields the same variant.
+    pub fn new(s: &str) -> Self {
+        match parse_hex32(s) {
+            Some(bytes) => TransferId::Hex(bytes),
+            None => TransferId::Text(s.into()),
+        }
+    }
+}
+
+impl From<&str> for TransferId {
+    fn from(s: &str) -> Self {
+        TransferId::new(s)
+    }
+}
+
+impl fmt::Display for TransferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransferId::Hex(bytes) => write_hex(f, bytes),
+            TransferId::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+impl fmt::Debug for TransferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
+/// A reservation id: 128 random bits shaped like a version-4 UUID, shown as 32 hex chars.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReservationId([u8; 16]);
+
+impl ReservationId {
+    /// Mints a fresh id from the injected RNG (the OS CSPRNG in production, a seeded
+    /// stream in the simulator), with the UUID version and variant bits `uuid4()` sets.
+    pub fn generate<R: RngCore + ?Sized>(rng: &mut R) -> Self {
+        let mut bytes = [0u8; 16];
+        rng.fill_bytes(&mut bytes);
+        bytes[6] = (bytes[6] & 0x0f) | 0x40;
+        bytes[8] = (bytes[8] & 0x3f) | 0x80;
+        ReservationId(bytes)
+    }
+
+    /// Parses the wire form; anything that is not 32 lowercase hex chars names no
+    /// reservation this server minted.
+    pub fn parse(s: &str) -> Option<Self> {
+        parse_hex32(s).map(ReservationId)
+    }
+}
+
+impl fmt::Display for ReservationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_hex(f, &self.0)
+    }
+}
+
+impl fmt::Debug for ReservationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ReservationId({self})")
+    }
+}
+
+fn parse_hex32(s: &str) -> Option<[u8; 16]> {
+    let b = s.as_bytes();
+    if b.len() != 32 {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; 16];
+    for (i, pair) in b.chunks_exact(2).enumerate() {
+        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8; 16]) -> fmt::Result {
+    for b in bytes {
+        write!(f, "{b:02x}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand_chacha::rand_core::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn transfer_ids_keep_their_text() {
+        for s in ["3f2a9c1e3f2a9c1e3f2a9c1e3f2a9c1e", "3F2A9C1E3F2A9C1E3F2A9C1E3F2A9C1E", "req-1:0", "", "None"] {
+            assert_eq!(TransferId::new(s).to_string(), s);
+        }
+        assert!(matches!(TransferId::new("3f2a9c1e3f2a9c1e3f2a9c1e3f2a9c1e"), TransferId::Hex(_)));
+        assert!(matches!(TransferId::new("3F2A9C1E3F2A9C1E3F2A9C1E3F2A9C1E"), TransferId::Text(_)));
+    }
+
+    #[test]
+    fn reservation_ids_look_like_uuid4_hex() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let id = ReservationId::generate(&mut rng).to_string();
+        assert_eq!(id.len(), 32);
+        assert!(id.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        assert_eq!(&id[12..13], "4");
+        assert!(matches!(&id[16..17], "8" | "9" | "a" | "b"));
+        assert_eq!(ReservationId::parse(&id).map(|r| r.to_string()), Some(id));
+    }
+}

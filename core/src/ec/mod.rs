@@ -1,0 +1,22 @@
+//! The encoder-cache (EC) reservation channel of the Mooncake EC connector.
+//!
+//! Consumer side: [`shard::ConsumerShard`] answers one TP rank's REP requests and queues
+//! its readiness events, deciding with a [`reservations::ReservationBook`] over a
+//! [`slab::Slab`]. [`wire`] is the JSON both sides speak.
+
+pub mod config;
+pub mod dtype;
+pub mod ids;
+pub mod pyjson;
+pub mod reservations;
+pub mod resident;
+pub mod shard;
+pub mod slab;
+pub mod state;
+pub mod wire;
+
+pub use config::{ConfigError, PortPlan};
+pub use dtype::DType;
+pub use reservations::{BookConfig, FollowerCompletion, ReservationBook, ReserveError, ReserveRequest, Reserved};
+pub use shard::{ConsumerShard, ShardConfig, ShardStats};
+pub use state::State;

@@ -1,0 +1,302 @@
+//! Python's view of JSON values.
+//!
+//! The reference peers are Python: they write frames with `json.dumps` defaults and coerce
+//! fields with `str()`, `bool()` and `int()`, and their error replies are `str(exc)` of the
+//! exception those coercions raise. This module reproduces exactly that much of Python so
+//! that ctlplane answers a malformed request with the text a Python peer would.
+
+use serde::Serialize;
+use serde_json::ser::Formatter;
+use serde_json::Value;
+use std::io;
+
+/// Serialises `value` the way Python's `json.dumps(value)` does with default arguments:
+/// `", "` and `": "` separators and `ensure_ascii` escapes.
+pub fn dumps<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+    // Serialising owned, string-keyed data into a Vec cannot fail.
+    if value.serialize(&mut ser).is_err() {
+        out.clear();
+        out.extend_from_slice(b"null");
+    }
+    out
+}
+
+/// `serde_json` formatter producing Python `json.dumps` default output.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PythonFormatter;
+
+impl Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+
+    /// `ensure_ascii=True`: everything outside printable ASCII becomes `\uXXXX`
+    /// (UTF-16 surrogate pairs above the BMP), as Python's encoder writes it.
+    fn write_string_fragment<W: ?Sized + io::Write>(&mut self, w: &mut W, fragment: &str) -> io::Result<()> {
+        let mut start = 0;
+        for (i, c) in fragment.char_indices() {
+            if (' '..='~').contains(&c) {
+                continue;
+            }
+            w.write_all(&fragment.as_bytes()[start..i])?;
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                write!(w, "\\u{:04x}", unit)?;
+            }
+            start = i + c.len_utf8();
+        }
+        w.write_all(&fragment.as_bytes()[start..])
+    }
+}
+
+/// Python's type name of a decoded JSON value (`type(v).__name__`).
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "NoneType",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_f64() => "float",
+        Value::Number(_) => "int",
+        Value::String(_) => "str",
+        Value::Array(_) => "list",
+        Value::Object(_) => "dict",
+    }
+}
+
+/// Python's `bool(v)`: empty, zero and null are false, everything else (even `"false"`) true.
+pub fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// Python's `str(v)`: strings as they are, everything else as its `repr`.
+pub fn to_str(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => repr(other),
+    }
+}
+
+/// Python's `repr(v)` of a decoded JSON value.
+pub fn repr(v: &Value) -> String {
+    let mut out = String::new();
+    write_repr(&mut out, v);
+    out
+}
+
+fn write_repr(out: &mut String, v: &Value) {
+    match v {
+        Value::Null => out.push_str("None"),
+        Value::Bool(true) => out.push_str("True"),
+        Value::Bool(false) => out.push_str("False"),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => out.push_str(&i.to_string()),
+            (None, Some(u), _) => out.push_str(&u.to_string()),
+            (_, _, Some(f)) => out.push_str(&float_repr(f)),
+            _ => out.push_str(&n.to_string()),
+        },
+        Value::String(s) => out.push_str(&str_repr(s)),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_repr(out, item);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&str_repr(k));
+                out.push_str(": ");
+                write_repr(out, item);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, `.0` on integral values,
+/// exponent form outside `[1e-4, 1e16)` with a signed two-digit exponent.
+pub fn float_repr(f: f64) -> String {
+    if f.is_nan() {
+        return "nan".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    let abs = f.abs();
+    if abs == 0.0 || (1e-4..1e16).contains(&abs) {
+        let s = format!("{f:?}");
+        return s;
+    }
+    let s = format!("{f:e}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) => {
+            let (sign, digits) = match exp.strip_prefix('-') {
+                Some(d) => ('-', d),
+                None => ('+', exp),
+            };
+            format!("{mantissa}e{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
+/// Python's `repr(str)`: single quotes unless the text holds `'` and no `"`.
+pub fn str_repr(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (0x80..0xa0).contains(&(c as u32)) => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// Python's `int(v)` of a decoded JSON value, or the text of the exception it raises.
+pub fn to_int(v: &Value) -> Result<i128, String> {
+    match v {
+        Value::Bool(b) => Ok(i128::from(*b)),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Ok(i128::from(i))
+            } else if let Some(u) = n.as_u64() {
+                Ok(i128::from(u))
+            } else {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                if f.is_nan() {
+                    Err("cannot convert float NaN to integer".into())
+                } else if f.is_infinite() {
+                    Err("cannot convert float infinity to integer".into())
+                } else if f.abs() >= 1.7e38 {
+                    Err(format!("integer {} is out of range", float_repr(f)))
+                } else {
+                    // `int()` truncates toward zero; the range check above keeps the cast exact.
+                    Ok(f.trunc() as i128)
+                }
+            }
+        }
+        Value::String(s) => {
+            parse_int_literal(s).ok_or_else(|| format!("invalid literal for int() with base 10: {}", str_repr(s)))
+        }
+        other => Err(format!(
+            "int() argument must be a string, a bytes-like object or a real number, not '{}'",
+            type_name(other)
+        )),
+    }
+}
+
+/// `int("…")` in base 10: surrounding whitespace, an optional sign, digits with single
+/// underscores between them.
+fn parse_int_literal(s: &str) -> Option<i128> {
+    let t = s.trim();
+    let (neg, digits) = match t.as_bytes().first()? {
+        b'-' => (true, &t[1..]),
+        b'+' => (false, &t[1..]),
+        _ => (false, t),
+    };
+    if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") {
+        return None;
+    }
+    let mut value: i128 = 0;
+    for b in digits.bytes() {
+        match b {
+            b'0'..=b'9' => value = value.checked_mul(10)?.checked_add(i128::from(b - b'0'))?,
+            b'_' => {}
+            _ => return None,
+        }
+    }
+    Some(if neg { -value } else { value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn dumps_matches_python_defaults() {
+        let v = json!({"ok": true, "result": {"ports": [19019, 19020], "e": "é😀\u{7f}\n"}});
+        assert_eq!(
+            String::from_utf8(dumps(&v)).unwrap(),
+            r#"{"ok": true, "result": {"e": "\u00e9\ud83d\ude00\u007f\n", "ports": [19019, 19020]}}"#
+        );
+        assert_eq!(dumps(&json!({})), b"{}");
+        assert_eq!(dumps(&json!([])), b"[]");
+    }
+
+    #[test]
+    fn coercions_follow_python() {
+        assert_eq!(to_str(&json!(5)), "5");
+        assert_eq!(to_str(&json!(null)), "None");
+        assert_eq!(to_str(&json!(true)), "True");
+        assert_eq!(to_str(&json!(1.5)), "1.5");
+        assert_eq!(to_str(&json!(["a", 1])), "['a', 1]");
+        assert_eq!(to_str(&json!({"k": "it's"})), "{'k': \"it's\"}");
+        assert!(truthy(&json!("false")));
+        assert!(!truthy(&json!(0)));
+        assert!(!truthy(&json!(0.0)));
+        assert!(!truthy(&json!([])));
+        assert_eq!(to_int(&json!(16)), Ok(16));
+        assert_eq!(to_int(&json!(16.0)), Ok(16));
+        assert_eq!(to_int(&json!(16.9)), Ok(16));
+        assert_eq!(to_int(&json!("16")), Ok(16));
+        assert_eq!(to_int(&json!(" -1_6 ")), Ok(-16));
+        assert_eq!(to_int(&json!(true)), Ok(1));
+        assert_eq!(to_int(&json!("16.0")), Err("invalid literal for int() with base 10: '16.0'".into()));
+        assert_eq!(
+            to_int(&json!(null)),
+            Err("int() argument must be a string, a bytes-like object or a real number, not 'NoneType'".into())
+        );
+    }
+
+    #[test]
+    fn float_repr_uses_python_exponent_form() {
+        assert_eq!(float_repr(16.0), "16.0");
+        assert_eq!(float_repr(1e20), "1e+20");
+        assert_eq!(float_repr(1.5e-7), "1.5e-07");
+        assert_eq!(float_repr(0.5), "0.5");
+    }
+}

@@ -1,0 +1,330 @@
+//! `ConsumerShard`: the control server of one consumer TP rank as a sans-IO machine.
+//!
+//! The driver owns the REP and PUSH sockets. It hands every request frame to
+//! [`ConsumerShard::handle_request`] and sends back the reply it returns (a REP owes one),
+//! calls [`ConsumerShard::handle_timeout`] when [`ConsumerShard::poll_timeout`] comes due,
+//! and publishes events with [`ConsumerShard::peek_event`] / [`ConsumerShard::confirm_sent`],
+//! so an event whose send hit EAGAIN stays queued.
+
+use super::config::{ConfigError, PortPlan};
+use super::reservations::{BookConfig, ReservationBook, Reserved, TakeError, Taken};
+use super::wire::{
+    self, CancelResult, CancelledResult, CompleteItem, CompleteResult, ItemReply, Items, PeersResult, Request,
+    ReserveReply, ReserveResult, StatusResult, WireError,
+};
+use crate::time::Instant;
+use rand_core::RngCore;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// `_MAX_PENDING_EVENTS`: readiness events kept for a PULL peer that is not draining.
+pub const MAX_PENDING_EVENTS: usize = 4096;
+/// `_RESERVATION_REAP_INTERVAL_SECONDS`: least time between two periodic reaps.
+pub const REAP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Everything one shard needs to know about itself.
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    /// This rank's REP port; also the `shard` tag of its events.
+    pub port: u16,
+    /// What `peers` answers: every REP port of the replica.
+    pub peer_ports: Vec<u16>,
+    /// `dst_session` of granted reservations: the Mooncake session writers target.
+    pub dst_session: String,
+    /// Address of the slab's first byte; `dst_ptr = slab_base + offset`.
+    pub slab_base: u64,
+    /// Receive slab size (`ec_buffer_size`).
+    pub pool_bytes: u64,
+    /// Reservation lifetimes and Gen A/B behaviour.
+    pub book: BookConfig,
+    /// Event backlog bound (drop oldest beyond it).
+    pub max_pending_events: usize,
+    /// Least time between periodic reaps.
+    pub reap_interval: Duration,
+    /// Largest batch accepted by `reserve_batch` / `complete_batch`.
+    pub max_batch_items: usize,
+}
+
+impl ShardConfig {
+    /// A lone shard on `port` with the reference defaults.
+    pub fn new(port: u16, pool_bytes: u64) -> Self {
+        ShardConfig {
+            port,
+            peer_ports: vec![port],
+            dst_session: String::new(),
+            slab_base: 0,
+            pool_bytes,
+            book: BookConfig::default(),
+            max_pending_events: MAX_PENDING_EVENTS,
+            reap_interval: REAP_INTERVAL,
+            max_batch_items: wire::DEFAULT_MAX_BATCH_ITEMS,
+        }
+    }
+
+    /// The shard of TP rank `rank` in `plan`: its port and the replica's peer list.
+    pub fn for_rank(plan: &PortPlan, rank: u32, pool_bytes: u64) -> Result<Self, ConfigError> {
+        let port = plan.rank_port(rank)?;
+        Ok(ShardConfig { peer_ports: plan.peer_ports(), ..ShardConfig::new(port, pool_bytes) })
+    }
+}
+
+/// Counters a driver can export.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Requests answered (every frame gets exactly one reply).
+    pub requests: u64,
+    /// Replies with `ok: false`.
+    pub error_replies: u64,
+    /// Frames that were not UTF-8 JSON.
+    pub malformed: u64,
+    /// Readiness events queued.
+    pub events_queued: u64,
+    /// Readiness events handed to the PUSH socket.
+    pub events_sent: u64,
+    /// Readiness events dropped because the backlog was full.
+    pub events_dropped: u64,
+    /// Periodic reaps run.
+    pub reaps: u64,
+}
+
+#[derive(Clone, Debug)]
+struct PendingEvent {
+    transfer_id: String,
+    frame: Vec<u8>,
+}
+
+/// The server logic of one consumer rank.
+#[derive(Debug)]
+pub struct ConsumerShard<R> {
+    config: ShardConfig,
+    book: ReservationBook<R>,
+    event_port: Option<u16>,
+    events: VecDeque<PendingEvent>,
+    last_reap: Instant,
+    stats: ShardStats,
+}
+
+impl<R: RngCore> ConsumerShard<R> {
+    /// A shard whose reap clock starts at `now`; `rng` mints reservation ids.
+    pub fn new(config: ShardConfig, rng: R, now: Instant) -> Self {
+        let book = ReservationBook::new(config.pool_bytes, config.book.clone(), rng);
+        ConsumerShard {
+            config,
+            book,
+            event_port: None,
+            events: VecDeque::new(),
+            last_reap: now,
+            stats: ShardStats::default(),
+        }
+    }
+
+    /// The driver bound the PUSH socket: `event_port` now reports this port.
+    pub fn set_event_port(&mut self, port: u16) {
+        self.event_port = Some(port);
+    }
+
+    /// Input: one request frame off the REP socket. Always returns the reply frame.
+    pub fn handle_request(&mut self, frame: &[u8], now: Instant) -> Vec<u8> {
+        self.stats.requests += 1;
+        let reply = match wire::decode_request(frame, self.config.max_batch_items) {
+            Ok(request) => {
+                tracing::trace!(port = self.config.port, op = request.op(), "control request");
+                self.dispatch(request, now)
+            }
+            Err(WireError::Malformed) => {
+                self.stats.malformed += 1;
+                tracing::warn!(
+                    port = self.config.port,
+                    bytes = frame.len(),
+                    "EC control channel received an undecodable request"
+                );
+                Err(WireError::Malformed.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        match reply {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                self.stats.error_replies += 1;
+                tracing::debug!(port = self.config.port, %error, "control request refused");
+                wire::encode_err(&error)
+            }
+        }
+    }
+
+    fn dispatch(&mut self, request: Request, now: Instant) -> Result<Vec<u8>, String> {
+        match request {
+            Request::Peers => Ok(wire::encode_ok(&PeersResult { ports: self.config.peer_ports.clone() })),
+            Request::EventPort => Ok(wire::encode_ok(&self.event_port)),
+            Request::Status { transfer_id } => {
+                let status = self.book.status(&transfer_id);
+                Ok(wire::encode_ok(&status.as_ref().map(StatusResult::from)))
+            }
+            Request::Reserve(item) => {
+                let reply = self.reserve_one(item, now)?;
+                Ok(wire::encode_ok(&reply))
+            }
+            Request::ReserveBatch(items) => {
+                let items = items
+                    .into_iter()
+                    .map(|item| match self.reserve_one(item, now) {
+                        Ok(r) => ItemReply::ok(r),
+                        Err(e) => ItemReply::err(e),
+                    })
+                    .collect();
+                Ok(wire::encode_ok(&Items { items }))
+            }
+            Request::Complete(item) => {
+                let result = self.complete_one(item.map_err(|e| e.to_string())?, now);
+                Ok(wire::encode_ok(&result))
+            }
+            Request::CompleteBatch(items) => {
+                let mut results = Vec::with_capacity(items.len());
+                for item in items {
+                    // Not atomic, as the reference: earlier items stay applied.
+                    results.push(self.complete_one(item.map_err(|e| e.to_string())?, now));
+                }
+                Ok(wire::encode_ok(&Items { items: results }))
+            }
+            Request::Cancel { transfer_id, reservation_id, abandon, refresh } => {
+                let cancelled = self.book.cancel(&transfer_id, &reservation_id, abandon, refresh, now);
+                Ok(wire::encode_ok(&CancelResult { cancelled }))
+            }
+        }
+    }
+
+    fn reserve_one(
+        &mut self,
+        item: Result<super::reservations::ReserveRequest, WireError>,
+        now: Instant,
+    ) -> Result<ReserveReply, String> {
+        let req = item.map_err(|e| e.to_string())?;
+        let reserved = self.book.reserve(&req, now).map_err(|e| e.to_string())?;
+        Ok(match reserved {
+            Reserved::Cancelled => ReserveReply::Cancelled(CancelledResult::new(req.nbytes)),
+            Reserved::Granted { reservation_id, view, write, ready, cached } => {
+                if ready {
+                    self.queue_ready(&req.transfer_id);
+                }
+                ReserveReply::Granted(ReserveResult {
+                    reservation_id: reservation_id.to_string(),
+                    dst_session: self.config.dst_session.clone(),
+                    dst_ptr: self.config.slab_base.saturating_add(view.region.offset),
+                    nbytes: req.nbytes,
+                    write,
+                    ready,
+                    cached,
+                })
+            }
+        })
+    }
+
+    fn complete_one(&mut self, item: CompleteItem, now: Instant) -> CompleteResult {
+        let (completed, became_ready) = self.book.complete(&item.transfer_id, &item.reservation_id, now);
+        // Followers this completion published go out before the writer's own event.
+        for follower in self.book.drain_ready() {
+            self.queue_ready(&follower);
+        }
+        if became_ready {
+            self.queue_ready(&item.transfer_id);
+        }
+        CompleteResult { completed, became_ready }
+    }
+
+    /// Queues the readiness event of an active record, dropping the oldest queued event
+    /// when the backlog is full.
+    fn queue_ready(&mut self, transfer_id: &str) {
+        let Some(status) = self.book.status(transfer_id) else { return };
+        let frame = wire::encode_event(transfer_id, &status, self.config.port);
+        if self.events.len() >= self.config.max_pending_events {
+            if let Some(dropped) = self.events.pop_front() {
+                self.stats.events_dropped += 1;
+                tracing::warn!(
+                    port = self.config.port,
+                    transfer_id = %dropped.transfer_id,
+                    "EC event backlog full; dropping readiness"
+                );
+            }
+        }
+        self.stats.events_queued += 1;
+        self.events.push_back(PendingEvent { transfer_id: transfer_id.to_string(), frame });
+    }
+
+    /// Input: the clock reached [`Self::poll_timeout`]. Reaps if the interval has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.last_reap) >= self.config.reap_interval {
+            let expired = self.book.expire(now);
+            self.last_reap = now;
+            self.stats.reaps += 1;
+            if expired > 0 {
+                tracing::debug!(port = self.config.port, expired, "expired READY reservations");
+            }
+        }
+    }
+
+    /// When the next periodic reap is due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        Some(self.last_reap + self.config.reap_interval)
+    }
+
+    /// Output: the oldest queued readiness event.
+    pub fn peek_event(&self) -> Option<&[u8]> {
+        self.events.front().map(|e| e.frame.as_slice())
+    }
+
+    /// The event from [`Self::peek_event`] was sent: drop it from the backlog.
+    pub fn confirm_sent(&mut self) {
+        if self.events.pop_front().is_some() {
+            self.stats.events_sent += 1;
+        }
+    }
+
+    /// Events waiting for the PUSH socket.
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The model thread loads a READY tensor (not a wire op).
+    pub fn take(&mut self, transfer_id: &str, mm_hash: &str) -> Result<Taken, TakeError> {
+        self.book.take(transfer_id, mm_hash)
+    }
+
+    /// The encoder cache dropped `mm_hash` (not a wire op).
+    pub fn retire(&mut self, mm_hash: &str) {
+        self.book.retire(mm_hash);
+    }
+
+    /// Worker close: new reserves are refused, writers are deferred.
+    pub fn begin_shutdown(&mut self, now: Instant) {
+        self.book.begin_shutdown(now);
+    }
+
+    /// Records a remote writer may still write into; close waits for zero.
+    pub fn writer_owned_count(&self) -> usize {
+        self.book.writer_owned_count()
+    }
+
+    /// The reservation book, read-only (for drivers' metrics and oracles).
+    pub fn book(&self) -> &ReservationBook<R> {
+        &self.book
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ShardStats {
+        self.stats
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ShardConfig {
+        &self.config
+    }
+}
+
+/// Parses a reply frame as a client does; `Err` carries the error text.
+pub fn reply_result(frame: &[u8]) -> Result<Value, String> {
+    match wire::decode_reply(frame) {
+        Ok(r) => r,
+        Err(e) => Err(e.to_string()),
+    }
+}

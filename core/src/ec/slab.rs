@@ -1,0 +1,218 @@
+//! The receive slab of one consumer rank: a fixed pool of device memory handed out
+//! first-fit in 256-byte-aligned regions, with a coalescing free list.
+//!
+//! Only offsets are modelled; the driver (or the simulated device) adds the slab's base
+//! address to turn an offset into the `dst_ptr` a Mooncake writer targets.
+
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// Allocation granularity and alignment of the reference allocator.
+pub const ALIGNMENT: u64 = 256;
+
+/// A region of the slab: `len` is the aligned size that is reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Region {
+    /// Offset from the slab base, a multiple of [`ALIGNMENT`].
+    pub offset: u64,
+    /// Reserved bytes, a multiple of [`ALIGNMENT`].
+    pub len: u64,
+}
+
+impl Region {
+    /// One past the last reserved byte.
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+/// A tensor-sized view into a region: what a writer may write, and what a reader loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct View {
+    /// The backing region.
+    pub region: Region,
+    /// Exact tensor bytes (`<= region.len`).
+    pub nbytes: u64,
+}
+
+/// Misuse of the allocator: always a bug in the caller, never input from the wire.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SlabError {
+    /// The region was not handed out by this slab, or was already freed.
+    #[error("region at offset {offset} (+{len}) is not allocated")]
+    NotAllocated { offset: u64, len: u64 },
+}
+
+/// Rounds `nbytes` up to the allocation granularity; a zero-byte tensor still takes one
+/// unit so that every live reservation owns a distinct region.
+pub fn aligned_size(nbytes: u64) -> Option<u64> {
+    let units = nbytes.div_ceil(ALIGNMENT).max(1);
+    units.checked_mul(ALIGNMENT)
+}
+
+/// First-fit allocator over `[0, size)`.
+#[derive(Clone, Debug)]
+pub struct Slab {
+    size: u64,
+    /// Free blocks by offset; adjacent blocks are always merged.
+    free: BTreeMap<u64, u64>,
+    /// Live regions by offset, so a double free is caught instead of corrupting the list.
+    used: BTreeMap<u64, u64>,
+    used_bytes: u64,
+}
+
+impl Slab {
+    /// A slab of `size` bytes (rounded down to the alignment).
+    pub fn new(size: u64) -> Self {
+        let size = size - size % ALIGNMENT;
+        let mut free = BTreeMap::new();
+        if size > 0 {
+            free.insert(0, size);
+        }
+        Slab { size, free, used: BTreeMap::new(), used_bytes: 0 }
+    }
+
+    /// Usable bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Bytes currently handed out.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    /// Reserves the lowest-addressed free block that holds `nbytes` (after alignment).
+    pub fn allocate(&mut self, nbytes: u64) -> Option<View> {
+        let len = aligned_size(nbytes)?;
+        let (&offset, &block) = self.free.iter().find(|(_, &block)| block >= len)?;
+        self.free.remove(&offset);
+        if block > len {
+            self.free.insert(offset + len, block - len);
+        }
+        self.used.insert(offset, len);
+        self.used_bytes += len;
+        Some(View { region: Region { offset, len }, nbytes })
+    }
+
+    /// Returns a region to the free list, merging it with its free neighbours.
+    pub fn free(&mut self, region: Region) -> Result<(), SlabError> {
+        if self.used.get(&region.offset) != Some(&region.len) {
+            return Err(SlabError::NotAllocated { offset: region.offset, len: region.len });
+        }
+        self.used.remove(&region.offset);
+        self.used_bytes -= region.len;
+        let mut offset = region.offset;
+        let mut len = region.len;
+        if let Some((&prev, &prev_len)) = self.free.range(..offset).next_back() {
+            if prev + prev_len == offset {
+                self.free.remove(&prev);
+                offset = prev;
+                len += prev_len;
+            }
+        }
+        if let Some(&next_len) = self.free.get(&(region.end())) {
+            self.free.remove(&region.end());
+            len += next_len;
+        }
+        self.free.insert(offset, len);
+        Ok(())
+    }
+
+    /// Live regions in address order.
+    pub fn allocations(&self) -> impl Iterator<Item = Region> + '_ {
+        self.used.iter().map(|(&offset, &len)| Region { offset, len })
+    }
+
+    /// Free blocks in address order.
+    pub fn free_blocks(&self) -> impl Iterator<Item = Region> + '_ {
+        self.free.iter().map(|(&offset, &len)| Region { offset, len })
+    }
+
+    /// Checks the allocator's own bookkeeping: used and free blocks tile the slab exactly,
+    /// nothing overlaps, and no two free blocks touch (they would have been merged).
+    pub fn check(&self) -> Result<(), String> {
+        let mut blocks: Vec<(Region, bool)> =
+            self.allocations().map(|r| (r, true)).chain(self.free_blocks().map(|r| (r, false))).collect();
+        blocks.sort();
+        let mut cursor = 0;
+        let mut prev_free = false;
+        for (r, used) in &blocks {
+            if r.offset != cursor {
+                return Err(format!("gap or overlap at offset {cursor}: next block {r:?}"));
+            }
+            if r.offset % ALIGNMENT != 0 || r.len % ALIGNMENT != 0 || r.len == 0 {
+                return Err(format!("misaligned block {r:?}"));
+            }
+            if !used && prev_free {
+                return Err(format!("free block {r:?} was not coalesced with its neighbour"));
+            }
+            prev_free = !used;
+            cursor = r.end();
+        }
+        if cursor != self.size {
+            return Err(format!("blocks cover {cursor} of {} bytes", self.size));
+        }
+        let used: u64 = self.allocations().map(|r| r.len).sum();
+        if used != self.used_bytes {
+            return Err(format!("used_bytes {} != sum of allocations {used}", self.used_bytes));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_is_first_fit_and_aligned() {
+        let mut slab = Slab::new(4096);
+        let a = slab.allocate(16).unwrap();
+        let b = slab.allocate(300).unwrap();
+        let c = slab.allocate(256).unwrap();
+        assert_eq!((a.region.offset, a.region.len, a.nbytes), (0, 256, 16));
+        assert_eq!((b.region.offset, b.region.len), (256, 512));
+        assert_eq!(c.region.offset, 768);
+        slab.free(a.region).unwrap();
+        // The hole at 0 is first and big enough.
+        assert_eq!(slab.allocate(200).unwrap().region.offset, 0);
+        // Too big for the hole: goes after c.
+        slab.free(Region { offset: 0, len: 256 }).unwrap();
+        assert_eq!(slab.allocate(257).unwrap().region.offset, 1024);
+        slab.check().unwrap();
+    }
+
+    #[test]
+    fn freeing_coalesces_both_neighbours() {
+        let mut slab = Slab::new(768);
+        let a = slab.allocate(256).unwrap().region;
+        let b = slab.allocate(256).unwrap().region;
+        let c = slab.allocate(256).unwrap().region;
+        assert!(slab.allocate(1).is_none());
+        slab.free(a).unwrap();
+        slab.free(c).unwrap();
+        assert!(slab.allocate(512).is_none());
+        slab.free(b).unwrap();
+        assert_eq!(slab.free_blocks().collect::<Vec<_>>(), vec![Region { offset: 0, len: 768 }]);
+        assert_eq!(slab.allocate(768).unwrap().region.offset, 0);
+        slab.check().unwrap();
+    }
+
+    #[test]
+    fn double_free_is_refused() {
+        let mut slab = Slab::new(1024);
+        let a = slab.allocate(10).unwrap().region;
+        slab.free(a).unwrap();
+        assert_eq!(slab.free(a), Err(SlabError::NotAllocated { offset: 0, len: 256 }));
+        slab.check().unwrap();
+    }
+
+    #[test]
+    fn zero_bytes_still_take_one_unit_and_huge_sizes_fail_cleanly() {
+        let mut slab = Slab::new(1024);
+        assert_eq!(slab.allocate(0).unwrap().region.len, 256);
+        assert!(slab.allocate(u64::MAX).is_none());
+        assert_eq!(aligned_size(u64::MAX), None);
+    }
+}

@@ -1,0 +1,441 @@
+//! The EC control channel's JSON, wire-compatible with the Python reference.
+//!
+//! Requests are decoded with the reference's lenient coercions (`str()` of ids, `bool()`
+//! of flags, `int()` of sizes) and every refusal carries the text the reference's
+//! `str(exc)` would put in its error reply. Replies and events are written the way
+//! Python's `json.dumps` writes them, so a Python peer cannot tell the difference.
+
+use super::dtype::DType;
+use super::pyjson::{self, repr, str_repr, to_int, to_str, truthy, type_name};
+use super::reservations::{ReserveRequest, Status};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+/// Most items a batch op may carry by default; bigger batches are refused whole.
+pub const DEFAULT_MAX_BATCH_ITEMS: usize = 8192;
+
+/// Why a request (or one batch item) could not be decoded. `Display` is the error text of
+/// the reply, matching the reference.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    /// Not UTF-8, or not JSON.
+    #[error("malformed control request")]
+    Malformed,
+    /// Valid JSON but not an object: the reference fails on `request.get`.
+    #[error("'{0}' object has no attribute 'get'")]
+    NotAnObject(&'static str),
+    /// `op` absent or not one of the eight ops (the payload is Python's repr of it).
+    #[error("unknown control op: {0}")]
+    UnknownOp(String),
+    /// A required key is absent (Python's `KeyError` text: the quoted key).
+    #[error("'{0}'")]
+    MissingKey(&'static str),
+    /// A batch item (or `items` itself) is not the container the op indexes into.
+    #[error("'{0}' object is not subscriptable")]
+    NotSubscriptable(&'static str),
+    /// `items` or `shape` is not a list.
+    #[error("'{0}' object is not iterable")]
+    NotIterable(&'static str),
+    /// `int()` of a size failed; the payload is Python's message.
+    #[error("{0}")]
+    BadInt(String),
+    /// A size or dimension below zero.
+    #[error("{field} must be non-negative, got {value}")]
+    Negative { field: &'static str, value: i128 },
+    /// `dtype` names no torch dtype.
+    #[error("Unsupported torch dtype string: {0}")]
+    UnsupportedDtype(String),
+    /// `nbytes != prod(shape) * itemsize(dtype)` (or the product overflows).
+    #[error("shape and dtype do not match nbytes")]
+    ShapeMismatch,
+    /// A batch larger than the configured limit.
+    #[error("{op} carries {count} items; the limit is {limit}")]
+    BatchTooLarge { op: &'static str, count: usize, limit: usize },
+}
+
+/// One `complete` (or `complete_batch` item).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompleteItem {
+    pub transfer_id: String,
+    pub reservation_id: String,
+}
+
+/// A decoded control request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Peers,
+    EventPort,
+    Status {
+        transfer_id: String,
+    },
+    /// A single reserve: a bad payload fails the whole request.
+    Reserve(Result<ReserveRequest, WireError>),
+    /// Items are decoded one by one; a bad item fails only its own entry.
+    ReserveBatch(Vec<Result<ReserveRequest, WireError>>),
+    /// A single complete.
+    Complete(Result<CompleteItem, WireError>),
+    /// Items are applied in order; the first bad item fails the reply after the items
+    /// before it were applied (not atomic, as the reference).
+    CompleteBatch(Vec<Result<CompleteItem, WireError>>),
+    Cancel {
+        transfer_id: String,
+        reservation_id: String,
+        abandon: bool,
+        refresh: bool,
+    },
+}
+
+impl Request {
+    /// The op name, for logs.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Peers => "peers",
+            Request::EventPort => "event_port",
+            Request::Status { .. } => "status",
+            Request::Reserve(_) => "reserve",
+            Request::ReserveBatch(_) => "reserve_batch",
+            Request::Complete(_) => "complete",
+            Request::CompleteBatch(_) => "complete_batch",
+            Request::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// Decodes one request frame.
+pub fn decode_request(frame: &[u8], max_batch_items: usize) -> Result<Request, WireError> {
+    let text = std::str::from_utf8(frame).map_err(|_| WireError::Malformed)?;
+    let value: Value = serde_json::from_str(text).map_err(|_| WireError::Malformed)?;
+    let Value::Object(obj) = value else {
+        return Err(WireError::NotAnObject(type_name(&value)));
+    };
+    let op = obj.get("op").unwrap_or(&Value::Null);
+    let Value::String(name) = op else {
+        return Err(WireError::UnknownOp(repr(op)));
+    };
+    Ok(match name.as_str() {
+        "peers" => Request::Peers,
+        "event_port" => Request::EventPort,
+        "status" => Request::Status { transfer_id: to_str(key(&obj, "transfer_id")?) },
+        "reserve" => Request::Reserve(decode_reserve(&Value::Object(obj))),
+        "reserve_batch" => {
+            let items = batch_items(&obj, "reserve_batch", max_batch_items)?;
+            Request::ReserveBatch(items.iter().map(decode_reserve).collect())
+        }
+        "complete" => Request::Complete(decode_complete(&Value::Object(obj))),
+        "complete_batch" => {
+            let items = batch_items(&obj, "complete_batch", max_batch_items)?;
+            Request::CompleteBatch(items.iter().map(decode_complete).collect())
+        }
+        "cancel" => Request::Cancel {
+            transfer_id: to_str(key(&obj, "transfer_id")?),
+            reservation_id: obj.get("reservation_id").map(to_str).unwrap_or_default(),
+            abandon: obj.get("abandon").is_some_and(truthy),
+            refresh: obj.get("refresh").is_some_and(truthy),
+        },
+        _ => return Err(WireError::UnknownOp(repr(op))),
+    })
+}
+
+fn key<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a Value, WireError> {
+    obj.get(name).ok_or(WireError::MissingKey(name))
+}
+
+fn batch_items<'a>(obj: &'a Map<String, Value>, op: &'static str, limit: usize) -> Result<&'a [Value], WireError> {
+    match key(obj, "items")? {
+        Value::Array(items) if items.len() > limit => Err(WireError::BatchTooLarge { op, count: items.len(), limit }),
+        Value::Array(items) => Ok(items),
+        other => Err(WireError::NotIterable(type_name(other))),
+    }
+}
+
+fn item_object(item: &Value) -> Result<&Map<String, Value>, WireError> {
+    match item {
+        Value::Object(obj) => Ok(obj),
+        other => Err(WireError::NotSubscriptable(type_name(other))),
+    }
+}
+
+fn non_negative(field: &'static str, v: &Value) -> Result<u64, WireError> {
+    let n = to_int(v).map_err(WireError::BadInt)?;
+    if n < 0 {
+        return Err(WireError::Negative { field, value: n });
+    }
+    u64::try_from(n).map_err(|_| WireError::ShapeMismatch)
+}
+
+/// Validates one reserve payload as the reference worker does before reserving.
+pub fn decode_reserve(item: &Value) -> Result<ReserveRequest, WireError> {
+    let obj = item_object(item)?;
+    let transfer_id = to_str(key(obj, "transfer_id")?);
+    let mm_hash = to_str(key(obj, "mm_hash")?);
+    let nbytes = non_negative("nbytes", key(obj, "nbytes")?)?;
+    let shape = match key(obj, "shape")? {
+        Value::Array(dims) => dims.iter().map(|d| non_negative("shape", d)).collect::<Result<Vec<u64>, _>>()?,
+        other => return Err(WireError::NotIterable(type_name(other))),
+    };
+    let dtype_name = to_str(key(obj, "dtype")?);
+    let dtype = DType::from_name(&dtype_name).ok_or_else(|| WireError::UnsupportedDtype(str_repr(&dtype_name)))?;
+    let expected = shape.iter().try_fold(dtype.itemsize(), |acc, &d| acc.checked_mul(d));
+    if expected != Some(nbytes) {
+        return Err(WireError::ShapeMismatch);
+    }
+    Ok(ReserveRequest { transfer_id, mm_hash, nbytes, shape, dtype })
+}
+
+fn decode_complete(item: &Value) -> Result<CompleteItem, WireError> {
+    let obj = item_object(item)?;
+    Ok(CompleteItem {
+        transfer_id: to_str(key(obj, "transfer_id")?),
+        reservation_id: to_str(key(obj, "reservation_id")?),
+    })
+}
+
+/// Result of a granted `reserve`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ReserveResult {
+    pub reservation_id: String,
+    pub dst_session: String,
+    pub dst_ptr: u64,
+    pub nbytes: u64,
+    pub write: bool,
+    pub ready: bool,
+    pub cached: bool,
+}
+
+/// Result of a `reserve` the consumer had already cancelled.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct CancelledResult {
+    pub reservation_id: &'static str,
+    pub dst_session: &'static str,
+    pub dst_ptr: u64,
+    pub nbytes: u64,
+    pub write: bool,
+    pub ready: bool,
+    pub cancelled: bool,
+}
+
+impl CancelledResult {
+    /// The reference's fixed shape, echoing the requested size.
+    pub fn new(nbytes: u64) -> Self {
+        CancelledResult {
+            reservation_id: "",
+            dst_session: "",
+            dst_ptr: 0,
+            nbytes,
+            write: false,
+            ready: false,
+            cancelled: true,
+        }
+    }
+}
+
+/// Either reserve result.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum ReserveReply {
+    Granted(ReserveResult),
+    Cancelled(CancelledResult),
+}
+
+/// `complete` result.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct CompleteResult {
+    pub completed: bool,
+    pub became_ready: bool,
+}
+
+/// One entry of a batch reply: `{"ok": true, "result": ...}` or `{"ok": false, "error": ...}`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum ItemReply<T> {
+    Ok { ok: bool, result: T },
+    Err { ok: bool, error: String },
+}
+
+impl<T> ItemReply<T> {
+    pub fn ok(result: T) -> Self {
+        ItemReply::Ok { ok: true, result }
+    }
+    pub fn err(error: impl ToString) -> Self {
+        ItemReply::Err { ok: false, error: error.to_string() }
+    }
+}
+
+/// `{"items": [...]}` of the batch ops.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Items<T> {
+    pub items: Vec<T>,
+}
+
+/// `peers` result.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct PeersResult {
+    pub ports: Vec<u16>,
+}
+
+/// `cancel` result.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct CancelResult {
+    pub cancelled: bool,
+}
+
+/// The status object, in the reference's key order.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct StatusResult<'a> {
+    pub mm_hash: &'a str,
+    pub ready: bool,
+    pub reservation_id: String,
+    pub nbytes: u64,
+    pub shape: &'a [u64],
+    pub dtype: &'static str,
+}
+
+impl<'a> From<&'a Status> for StatusResult<'a> {
+    fn from(s: &'a Status) -> Self {
+        StatusResult {
+            mm_hash: &s.mm_hash,
+            ready: s.ready,
+            reservation_id: s.reservation_id.map(|r| r.to_string()).unwrap_or_default(),
+            nbytes: s.nbytes,
+            shape: &s.shape,
+            dtype: s.dtype.name(),
+        }
+    }
+}
+
+/// A readiness event: transfer id first, the status object, the shard's REP port last.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ReadyEvent<'a> {
+    pub transfer_id: &'a str,
+    pub mm_hash: &'a str,
+    pub ready: bool,
+    pub reservation_id: String,
+    pub nbytes: u64,
+    pub shape: &'a [u64],
+    pub dtype: &'static str,
+    pub shard: u16,
+}
+
+/// Encodes the readiness event of `transfer_id` from its status.
+pub fn encode_event(transfer_id: &str, status: &Status, shard: u16) -> Vec<u8> {
+    let s = StatusResult::from(status);
+    pyjson::dumps(&ReadyEvent {
+        transfer_id,
+        mm_hash: s.mm_hash,
+        ready: s.ready,
+        reservation_id: s.reservation_id,
+        nbytes: s.nbytes,
+        shape: s.shape,
+        dtype: s.dtype,
+        shard,
+    })
+}
+
+#[derive(Serialize)]
+struct OkEnvelope<'a, T: Serialize> {
+    ok: bool,
+    result: &'a T,
+}
+
+#[derive(Serialize)]
+struct ErrEnvelope<'a> {
+    ok: bool,
+    error: &'a str,
+}
+
+/// `{"ok": true, "result": <result>}`.
+pub fn encode_ok<T: Serialize>(result: &T) -> Vec<u8> {
+    pyjson::dumps(&OkEnvelope { ok: true, result })
+}
+
+/// `{"ok": false, "error": <error>}`.
+pub fn encode_err(error: &str) -> Vec<u8> {
+    pyjson::dumps(&ErrEnvelope { ok: false, error })
+}
+
+/// A reply as a client reads it: `Ok(result)` or `Err(error text)`, with the reference
+/// client's rules (falsy `ok` is an error, a missing error text gets a generic one).
+pub fn decode_reply(frame: &[u8]) -> Result<Result<Value, String>, WireError> {
+    let text = std::str::from_utf8(frame).map_err(|_| WireError::Malformed)?;
+    let value: Value = serde_json::from_str(text).map_err(|_| WireError::Malformed)?;
+    let Value::Object(mut obj) = value else {
+        return Err(WireError::NotAnObject(type_name(&value)));
+    };
+    if obj.get("ok").is_some_and(truthy) {
+        Ok(Ok(obj.remove("result").unwrap_or(Value::Null)))
+    } else {
+        Ok(Err(match obj.remove("error") {
+            Some(Value::String(s)) => s,
+            Some(other) => to_str(&other),
+            None => "EC control request failed".into(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dec(s: &str) -> Result<Request, WireError> {
+        decode_request(s.as_bytes(), DEFAULT_MAX_BATCH_ITEMS)
+    }
+
+    #[test]
+    fn python_send_json_frames_decode() {
+        let req = dec(
+            r#"{"op": "reserve", "transfer_id": "t\u00e9", "mm_hash": "h", "nbytes": 16384, "shape": [64, 128], "dtype": "float16"}"#,
+        );
+        let Ok(Request::Reserve(Ok(r))) = req else { panic!("{req:?}") };
+        assert_eq!(r.transfer_id, "té");
+        assert_eq!((r.nbytes, r.shape.as_slice(), r.dtype), (16384, &[64u64, 128][..], DType::Float16));
+    }
+
+    #[test]
+    fn lenient_coercions_match_the_reference() {
+        let Ok(Request::Reserve(Ok(r))) = dec(
+            r#"{"op": "reserve", "transfer_id": 5, "mm_hash": "h", "nbytes": "16", "shape": [2.0, "4"], "dtype": "float16"}"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!((r.transfer_id.as_str(), r.nbytes, r.shape), ("5", 16, vec![2, 4]));
+        let req = dec(r#"{"op": "cancel", "transfer_id": null, "abandon": "false", "refresh": 0}"#).unwrap();
+        assert_eq!(
+            req,
+            Request::Cancel {
+                transfer_id: "None".into(),
+                reservation_id: String::new(),
+                abandon: true,
+                refresh: false
+            }
+        );
+    }
+
+    #[test]
+    fn refusals_carry_the_reference_text() {
+        let text = |s: &str| dec(s).unwrap_err().to_string();
+        assert_eq!(text("{not json"), "malformed control request");
+        assert_eq!(text("[]"), "'list' object has no attribute 'get'");
+        assert_eq!(text("\"x\""), "'str' object has no attribute 'get'");
+        assert_eq!(text("{}"), "unknown control op: None");
+        assert_eq!(text(r#"{"op": "nonsense"}"#), "unknown control op: 'nonsense'");
+        assert_eq!(text(r#"{"op": 5}"#), "unknown control op: 5");
+        assert_eq!(text(r#"{"op": "status"}"#), "'transfer_id'");
+        assert_eq!(text(r#"{"op": "reserve_batch"}"#), "'items'");
+        assert!(decode_request(&[0xff, 0xfe], 1).is_err());
+    }
+
+    #[test]
+    fn replies_are_python_json() {
+        assert_eq!(encode_err("malformed control request"), br#"{"ok": false, "error": "malformed control request"}"#);
+        assert_eq!(
+            encode_ok(&PeersResult { ports: vec![19019, 19020] }),
+            br#"{"ok": true, "result": {"ports": [19019, 19020]}}"#
+        );
+        assert_eq!(encode_ok(&Value::Null), br#"{"ok": true, "result": null}"#);
+        assert_eq!(
+            encode_ok(&ReserveReply::Cancelled(CancelledResult::new(64))),
+            br#"{"ok": true, "result": {"reservation_id": "", "dst_session": "", "dst_ptr": 0, "nbytes": 64, "write": false, "ready": false, "cancelled": true}}"#
+        );
+    }
+}
