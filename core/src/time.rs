@@ -49,6 +49,14 @@ impl Add<Duration> for Instant {
     }
 }
 
+impl Sub<Duration> for Instant {
+    type Output = Instant;
+    fn sub(self, d: Duration) -> Instant {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Instant(self.0.saturating_sub(nanos))
+    }
+}
+
 impl Sub<Instant> for Instant {
     type Output = Duration;
     fn sub(self, earlier: Instant) -> Duration {
