@@ -8,11 +8,13 @@ pub mod config;
 pub mod dtype;
 pub mod ids;
 pub mod pyjson;
+pub mod request_slot;
 pub mod reservations;
 pub mod resident;
 pub mod shard;
 pub mod slab;
 pub mod state;
+pub mod topology;
 pub mod wire;
 
 pub use config::{ConfigError, PortPlan};
