@@ -7,7 +7,9 @@
 pub mod config;
 pub mod dtype;
 pub mod ids;
+pub mod inbox;
 pub mod pyjson;
+pub mod readiness;
 pub mod request_slot;
 pub mod reservations;
 pub mod resident;
