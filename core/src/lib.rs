@@ -6,6 +6,7 @@
 //! proves about a decision holds for production too.
 
 pub mod ec;
+pub mod p2p;
 pub mod time;
 
 pub use time::Instant;

@@ -1,0 +1,15 @@
+//! The P2P KV-tiering control transport (mainline lineage T1 + W1).
+//!
+//! [`value`] is the msgpack model Python's msgspec peers read back with the same types,
+//! [`messages`] the W1 session messages, [`registry`] the transport's connection map and
+//! poll ordering, [`session`] the W1 handshake over one connection.
+
+pub mod messages;
+pub mod registry;
+pub mod session;
+pub mod value;
+
+pub use registry::{
+    Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
+};
+pub use value::Value;

@@ -1,0 +1,461 @@
+//! `ConnectionRegistry`: every decision of the P2P control transport (spec 1.7-1.10).
+//!
+//! The driver owns one ROUTER, one DEALER plus one monitor PAIR per peer. It gathers what
+//! the sockets hold (ROUTER messages, at most one monitor event per connection) into a
+//! [`PollInput`], hands it to [`ConnectionRegistry::poll`], and carries out the
+//! [`Action`]s the registry queues (open or close a DEALER and its monitor, transmit a
+//! frame). The registry decides who is registered, who is alive, what is swept, in which
+//! order, and which peers are new.
+//!
+//! The T0 lineage's behaviours are kept behind [`T0Switches`], off by default, so the
+//! simulator can re-find the races they caused (spec 5, S1-S4).
+
+use super::value::{self, Value};
+use std::collections::{BTreeMap, VecDeque};
+use thiserror::Error;
+
+/// `MAX_CONTROL_MESSAGE_BYTES` of the T2 lineage (also its `ZMQ_MAXMSGSIZE`).
+pub const MAX_CONTROL_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Handle of one opened connection (its DEALER and monitor); never reused.
+pub type ConnId = u64;
+
+/// Historical (T0) behaviours, each restoring one known race. All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct T0Switches {
+    /// S2: sweep dead connections only at the end of `poll` (after accept).
+    pub sweep_last: bool,
+    /// S3: `mark_dead` also marks the connection closed, so `close` never releases it.
+    pub mark_dead_closes: bool,
+    /// S4: monitor endpoint without the per-transport sequence number.
+    pub monitor_without_seq: bool,
+    /// S1: `connect` refuses any registered peer, dead or alive.
+    pub connect_refuses_any: bool,
+}
+
+/// Tunables of the registry.
+#[derive(Clone, Debug)]
+pub struct RegistryConfig {
+    /// `"{host}:{port}"` of the local ROUTER: every DEALER's routing identity.
+    pub local_id: String,
+    /// Most registered peers (the socket-exhaustion bound); `None` = unbounded.
+    pub max_peers: Option<usize>,
+    /// Largest inbound or outbound payload (T2); `None` = unbounded (T1).
+    pub max_message_bytes: Option<usize>,
+    /// Regression switches.
+    pub t0: T0Switches,
+}
+
+impl RegistryConfig {
+    /// Mainline (T1) behaviour for `local_id`.
+    pub fn new(local_id: impl Into<String>) -> Self {
+        RegistryConfig {
+            local_id: local_id.into(),
+            max_peers: None,
+            max_message_bytes: None,
+            t0: T0Switches::default(),
+        }
+    }
+}
+
+/// Which side opened a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Outbound,
+    Inbound,
+}
+
+/// Something for the driver to do with its sockets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Create a DEALER (heartbeat options, routing identity), start its monitor for
+    /// DISCONNECTED on `monitor`, connect a PAIR to it, then connect the DEALER to
+    /// `endpoint`.
+    OpenDealer { conn: ConnId, peer: String, endpoint: String, identity: String, monitor: String },
+    /// Close the monitor PAIR, then the DEALER.
+    CloseDealer { conn: ConnId, peer: String },
+    /// Send one frame on the connection's DEALER.
+    Transmit { conn: ConnId, frame: Vec<u8> },
+}
+
+/// A monitor event read off a connection's PAIR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MonitorEvent {
+    /// `ZMQ_EVENT_DISCONNECTED`: the DEALER's TCP link dropped (peer exit or heartbeat).
+    Disconnected,
+    /// Anything else (not subscribed by the reference; ignored).
+    Other(u16),
+}
+
+/// What the sockets held at the start of one `poll`.
+#[derive(Clone, Debug, Default)]
+pub struct PollInput {
+    /// ROUTER messages in arrival order, each as its frames.
+    pub router: Vec<Vec<Vec<u8>>>,
+    /// At most one monitor event per connection.
+    pub monitor: Vec<(ConnId, MonitorEvent)>,
+}
+
+/// Why `connect` or `send` refused.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum TransportError {
+    /// A live connection to this peer is registered (the reference asserts).
+    #[error("ZmqConnection to {0} already exists")]
+    AlreadyExists(String),
+    /// The peer id is not `host:port`.
+    #[error("invalid peer id {0:?}: expected host:port")]
+    InvalidPeerId(String),
+    /// The peer bound is reached.
+    #[error("refusing connection to {peer}: {limit} peers already registered")]
+    TooManyPeers { peer: String, limit: usize },
+    /// The connection is dead or closed.
+    #[error("ZmqConnection: send on closed connection to {0}")]
+    SendOnClosed(String),
+    /// No connection is registered for the peer.
+    #[error("no connection to {0}")]
+    NotConnected(String),
+    /// The payload exceeds the message limit.
+    #[error("control message exceeds {0} bytes")]
+    TooLarge(usize),
+    /// The transport was closed.
+    #[error("transport is closed")]
+    Closed,
+}
+
+#[derive(Clone, Debug)]
+struct Connection {
+    id: ConnId,
+    direction: Direction,
+    monitor: String,
+    dead: bool,
+    closed: bool,
+    inbox: Vec<Value>,
+}
+
+impl Connection {
+    fn alive(&self) -> bool {
+        !(self.dead || self.closed)
+    }
+}
+
+/// Counters for drivers and oracles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegistryStats {
+    pub dealers_opened: u64,
+    pub dealers_closed: u64,
+    pub frames_dropped: u64,
+    pub messages_routed: u64,
+    /// Messages thrown away inside connections swept with a non-empty inbox.
+    pub messages_lost_in_sweep: u64,
+}
+
+/// The P2P transport's connection map and poll ordering.
+#[derive(Clone, Debug)]
+pub struct ConnectionRegistry {
+    config: RegistryConfig,
+    conns: BTreeMap<String, Connection>,
+    /// Connection handles in registration order, for deterministic sweeps.
+    order: Vec<String>,
+    seq: u64,
+    actions: VecDeque<Action>,
+    stats: RegistryStats,
+    closed: bool,
+}
+
+impl ConnectionRegistry {
+    /// An empty registry.
+    pub fn new(config: RegistryConfig) -> Self {
+        ConnectionRegistry {
+            config,
+            conns: BTreeMap::new(),
+            order: Vec::new(),
+            seq: 0,
+            actions: VecDeque::new(),
+            stats: RegistryStats::default(),
+            closed: false,
+        }
+    }
+
+    /// Opens an outbound connection to `peer`. A dead registration is retired first (T1);
+    /// a live one is a typed error, never a panic.
+    pub fn connect(&mut self, peer: &str) -> Result<ConnId, TransportError> {
+        if self.closed {
+            return Err(TransportError::Closed);
+        }
+        if let Some(existing) = self.conns.get(peer) {
+            if existing.alive() || self.config.t0.connect_refuses_any {
+                return Err(TransportError::AlreadyExists(peer.to_string()));
+            }
+            tracing::info!(peer, "retiring dead connection before reconnect");
+            self.close(peer);
+            self.unregister(peer);
+        }
+        self.open(peer, Direction::Outbound)
+    }
+
+    /// Liveness only: the sockets stay open so the owner can still drain `recv`.
+    pub fn mark_dead(&mut self, peer: &str) {
+        if let Some(c) = self.conns.get_mut(peer) {
+            c.dead = true;
+            if self.config.t0.mark_dead_closes {
+                c.closed = true;
+            }
+        }
+    }
+
+    /// Releases the connection's sockets; idempotent. It stays registered until swept.
+    pub fn close(&mut self, peer: &str) {
+        if let Some(c) = self.conns.get_mut(peer) {
+            if c.closed {
+                return;
+            }
+            c.dead = true;
+            c.closed = true;
+            let conn = c.id;
+            self.stats.dealers_closed += 1;
+            self.actions.push_back(Action::CloseDealer { conn, peer: peer.to_string() });
+        }
+    }
+
+    /// Everything received for `peer` since the last call.
+    pub fn recv(&mut self, peer: &str) -> Vec<Value> {
+        self.conns.get_mut(peer).map(|c| std::mem::take(&mut c.inbox)).unwrap_or_default()
+    }
+
+    /// Encodes `msg` and queues its transmission on `peer`'s DEALER.
+    pub fn send(&mut self, peer: &str, msg: &Value) -> Result<(), TransportError> {
+        let c = self.conns.get(peer).ok_or_else(|| TransportError::NotConnected(peer.to_string()))?;
+        if !c.alive() {
+            return Err(TransportError::SendOnClosed(peer.to_string()));
+        }
+        let frame = value::encode(msg);
+        if let Some(limit) = self.config.max_message_bytes {
+            if frame.len() > limit {
+                return Err(TransportError::TooLarge(limit));
+            }
+        }
+        let conn = c.id;
+        self.actions.push_back(Action::Transmit { conn, frame });
+        Ok(())
+    }
+
+    /// Whether `peer` has a registered, live connection.
+    pub fn is_alive(&self, peer: &str) -> bool {
+        self.conns.get(peer).is_some_and(Connection::alive)
+    }
+
+    /// Whether `peer` is registered at all (alive or not yet swept).
+    pub fn is_registered(&self, peer: &str) -> bool {
+        self.conns.contains_key(peer)
+    }
+
+    /// The connection handle registered for `peer`.
+    pub fn conn_id(&self, peer: &str) -> Option<ConnId> {
+        self.conns.get(peer).map(|c| c.id)
+    }
+
+    /// The direction of `peer`'s registered connection.
+    pub fn direction(&self, peer: &str) -> Option<Direction> {
+        self.conns.get(peer).map(|c| c.direction)
+    }
+
+    /// Registered peers in registration order.
+    pub fn peers(&self) -> Vec<String> {
+        self.order.clone()
+    }
+
+    /// Registered connections with their handles, for the driver's monitor reads.
+    pub fn connections(&self) -> Vec<(String, ConnId, bool)> {
+        self.order.iter().filter_map(|p| self.conns.get(p).map(|c| (p.clone(), c.id, c.alive()))).collect()
+    }
+
+    /// One poll step over what the sockets held. Returns each newly accepted inbound
+    /// peer exactly once, its first message(s) already in its `recv` buffer.
+    ///
+    /// Order (T1): sweep, route ROUTER messages, monitor events, sweep, accept. Sweeping
+    /// first keeps a reconnecting peer's first message out of a dead registration (S2);
+    /// sweeping again before accept retires peers that died in this poll.
+    pub fn poll(&mut self, input: PollInput) -> Vec<String> {
+        if self.closed {
+            return Vec::new();
+        }
+        if !self.config.t0.sweep_last {
+            self.sweep();
+        }
+        let pending = self.route(input.router);
+        self.check_monitors(&input.monitor);
+        if !self.config.t0.sweep_last {
+            self.sweep();
+        }
+        let accepted = self.accept(pending);
+        if self.config.t0.sweep_last {
+            self.sweep();
+        }
+        accepted
+    }
+
+    /// Closes every connection and the transport; idempotent.
+    pub fn close_all(&mut self) {
+        if self.closed {
+            return;
+        }
+        for peer in self.order.clone() {
+            self.close(&peer);
+        }
+        self.conns.clear();
+        self.order.clear();
+        self.closed = true;
+    }
+
+    /// The next socket action for the driver.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RegistryStats {
+        self.stats
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    fn open(&mut self, peer: &str, direction: Direction) -> Result<ConnId, TransportError> {
+        let (host, port) = peer.rsplit_once(':').ok_or_else(|| TransportError::InvalidPeerId(peer.to_string()))?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(TransportError::InvalidPeerId(peer.to_string()));
+        }
+        if let Some(limit) = self.config.max_peers {
+            if self.conns.len() >= limit {
+                return Err(TransportError::TooManyPeers { peer: peer.to_string(), limit });
+            }
+        }
+        let id = self.seq;
+        self.seq += 1;
+        let safe_id = peer.replace([':', '/'], "-");
+        let monitor = if self.config.t0.monitor_without_seq {
+            format!("inproc://p2p-monitor-{safe_id}")
+        } else {
+            format!("inproc://p2p-monitor-{safe_id}-{id}")
+        };
+        // `_tcp_addr` as the reference: no bracketing (IPv6 is unsupported upstream).
+        let endpoint = format!("tcp://{host}:{port}");
+        self.actions.push_back(Action::OpenDealer {
+            conn: id,
+            peer: peer.to_string(),
+            endpoint,
+            identity: self.config.local_id.clone(),
+            monitor: monitor.clone(),
+        });
+        self.stats.dealers_opened += 1;
+        self.conns.insert(
+            peer.to_string(),
+            Connection { id, direction, monitor, dead: false, closed: false, inbox: Vec::new() },
+        );
+        self.order.push(peer.to_string());
+        Ok(id)
+    }
+
+    fn unregister(&mut self, peer: &str) {
+        if let Some(c) = self.conns.remove(peer) {
+            if !c.inbox.is_empty() {
+                self.stats.messages_lost_in_sweep += c.inbox.len() as u64;
+                tracing::debug!(peer, lost = c.inbox.len(), "dropping unread messages of a retired connection");
+            }
+        }
+        self.order.retain(|p| p != peer);
+    }
+
+    fn sweep(&mut self) {
+        let dead: Vec<String> =
+            self.order.iter().filter(|p| self.conns.get(*p).is_some_and(|c| !c.alive())).cloned().collect();
+        for peer in dead {
+            self.close(&peer);
+            self.unregister(&peer);
+        }
+    }
+
+    /// Routes ROUTER messages into registered connections; the rest wait for accept.
+    fn route(&mut self, messages: Vec<Vec<Vec<u8>>>) -> Vec<(String, Value)> {
+        let mut pending = Vec::new();
+        for frames in messages {
+            let [identity, payload]: [Vec<u8>; 2] = match frames.try_into() {
+                Ok(pair) => pair,
+                Err(frames) => {
+                    self.stats.frames_dropped += 1;
+                    tracing::warn!("dropping message with {} frames (expected 2)", frames.len());
+                    continue;
+                }
+            };
+            let Ok(sender) = String::from_utf8(identity) else {
+                self.stats.frames_dropped += 1;
+                tracing::warn!("dropping message from a non-UTF-8 identity");
+                continue;
+            };
+            if let Some(limit) = self.config.max_message_bytes {
+                if payload.len() > limit {
+                    self.stats.frames_dropped += 1;
+                    tracing::warn!(peer = %sender, bytes = payload.len(), "dropping oversize control message");
+                    continue;
+                }
+            }
+            let msg = match value::decode(&payload) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.stats.frames_dropped += 1;
+                    tracing::warn!(peer = %sender, error = %e, "dropping undecodable control message");
+                    continue;
+                }
+            };
+            match self.conns.get_mut(&sender) {
+                Some(c) => {
+                    c.inbox.push(msg);
+                    self.stats.messages_routed += 1;
+                }
+                None => pending.push((sender, msg)),
+            }
+        }
+        pending
+    }
+
+    fn check_monitors(&mut self, events: &[(ConnId, MonitorEvent)]) {
+        for &(conn, event) in events {
+            if event != MonitorEvent::Disconnected {
+                continue;
+            }
+            let peer = self.conns.iter().find(|(_, c)| c.id == conn && c.alive()).map(|(p, _)| p.clone());
+            if let Some(peer) = peer {
+                tracing::info!(peer = %peer, "control connection disconnected");
+                self.mark_dead(&peer);
+            }
+        }
+    }
+
+    fn accept(&mut self, pending: Vec<(String, Value)>) -> Vec<String> {
+        let mut accepted = Vec::new();
+        for (sender, msg) in pending {
+            if !self.conns.contains_key(&sender) {
+                match self.open(&sender, Direction::Inbound) {
+                    Ok(_) => accepted.push(sender.clone()),
+                    Err(e) => {
+                        self.stats.frames_dropped += 1;
+                        tracing::warn!(peer = %sender, error = %e, "refusing inbound peer");
+                        continue;
+                    }
+                }
+            }
+            if let Some(c) = self.conns.get_mut(&sender) {
+                c.inbox.push(msg);
+                self.stats.messages_routed += 1;
+            }
+        }
+        accepted
+    }
+
+    /// The monitor endpoint of `peer`'s registered connection.
+    pub fn monitor_endpoint(&self, peer: &str) -> Option<&str> {
+        self.conns.get(peer).map(|c| c.monitor.as_str())
+    }
+}

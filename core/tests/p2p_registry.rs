@@ -1,0 +1,239 @@
+//! The P2P connection registry: the transport-only races of spec 5 (S1-S4), each shown
+//! with its T0 switch on (the bug) and off (the fix), plus poll ordering and framing.
+
+use ctlplane_core::p2p::value::{encode, Value};
+use ctlplane_core::p2p::{
+    Action, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
+};
+
+const P: &str = "10.0.0.2:7777";
+
+fn registry(t0: T0Switches) -> ConnectionRegistry {
+    ConnectionRegistry::new(RegistryConfig { t0, ..RegistryConfig::new("10.0.0.1:5710") })
+}
+
+fn actions(r: &mut ConnectionRegistry) -> Vec<Action> {
+    std::iter::from_fn(|| r.poll_action()).collect()
+}
+
+fn msg(kind: &str) -> Value {
+    Value::map([("type", Value::from(kind))])
+}
+
+fn from(peer: &str, v: &Value) -> Vec<Vec<u8>> {
+    vec![peer.as_bytes().to_vec(), encode(v)]
+}
+
+fn poll_router(r: &mut ConnectionRegistry, router: Vec<Vec<Vec<u8>>>) -> Vec<String> {
+    r.poll(PollInput { router, monitor: vec![] })
+}
+
+fn closes(acts: &[Action]) -> usize {
+    acts.iter().filter(|a| matches!(a, Action::CloseDealer { .. })).count()
+}
+
+// S1: connect after the session marked the connection dead.
+
+#[test]
+fn s1_connect_retires_dead_connection() {
+    let mut r = registry(T0Switches::default());
+    let first = r.connect(P).unwrap();
+    r.mark_dead(P);
+    let second = r.connect(P).expect("a dead registration is retired, not an error");
+    assert_ne!(first, second);
+    let acts = actions(&mut r);
+    assert!(matches!(acts[1], Action::CloseDealer { conn, .. } if conn == first));
+    assert!(matches!(acts[2], Action::OpenDealer { conn, .. } if conn == second));
+    assert!(r.is_alive(P));
+}
+
+#[test]
+fn s1_t0_connect_refuses_a_dead_registration() {
+    let mut r = registry(T0Switches { connect_refuses_any: true, ..T0Switches::default() });
+    r.connect(P).unwrap();
+    r.mark_dead(P);
+    assert_eq!(r.connect(P), Err(TransportError::AlreadyExists(P.into())));
+}
+
+#[test]
+fn connect_to_a_live_peer_is_a_typed_error() {
+    let mut r = registry(T0Switches::default());
+    r.connect(P).unwrap();
+    assert_eq!(r.connect(P).unwrap_err().to_string(), format!("ZmqConnection to {P} already exists"));
+    assert_eq!(r.connect("no-port"), Err(TransportError::InvalidPeerId("no-port".into())));
+}
+
+// S2: a reconnecting peer's first message arrives while its old registration is dead.
+
+#[test]
+fn s2_inbound_message_survives_dead_registration() {
+    let mut r = registry(T0Switches::default());
+    r.connect(P).unwrap();
+    r.mark_dead(P);
+    let accepted = poll_router(&mut r, vec![from(P, &msg("connect"))]);
+    assert_eq!(accepted, vec![P.to_string()], "a fresh inbound connection is returned");
+    assert_eq!(r.recv(P), vec![msg("connect")], "with the first message in its buffer");
+    assert_eq!(r.stats().messages_lost_in_sweep, 0);
+}
+
+#[test]
+fn s2_t0_sweep_last_swallows_the_first_message() {
+    let mut r = registry(T0Switches { sweep_last: true, ..T0Switches::default() });
+    r.connect(P).unwrap();
+    r.mark_dead(P);
+    let accepted = poll_router(&mut r, vec![from(P, &msg("connect"))]);
+    assert!(accepted.is_empty());
+    assert!(!r.is_registered(P));
+    assert_eq!(r.stats().messages_lost_in_sweep, 1, "routed into the dead connection and swept with it");
+}
+
+// S3: mark_dead must not turn close into a no-op.
+
+#[test]
+fn s3_close_after_mark_dead_releases_sockets() {
+    let mut r = registry(T0Switches::default());
+    r.connect(P).unwrap();
+    r.mark_dead(P);
+    poll_router(&mut r, vec![]);
+    let acts = actions(&mut r);
+    assert_eq!(closes(&acts), 1);
+    let s = r.stats();
+    assert_eq!((s.dealers_opened, s.dealers_closed), (1, 1));
+    assert!(!r.is_registered(P));
+}
+
+#[test]
+fn s3_t0_mark_dead_leaks_the_dealer() {
+    let mut r = registry(T0Switches { mark_dead_closes: true, ..T0Switches::default() });
+    r.connect(P).unwrap();
+    r.mark_dead(P);
+    poll_router(&mut r, vec![]);
+    assert_eq!(closes(&actions(&mut r)), 0, "close saw the flag mark_dead set and did nothing");
+    let s = r.stats();
+    assert_eq!((s.dealers_opened, s.dealers_closed), (1, 0));
+}
+
+// S4: every monitor endpoint unique within one transport.
+
+fn monitors(acts: &[Action]) -> Vec<String> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::OpenDealer { monitor, .. } => Some(monitor.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn s4_repeated_reconnect_gets_fresh_monitor_endpoints() {
+    let mut r = registry(T0Switches::default());
+    for _ in 0..10 {
+        r.connect(P).unwrap();
+        r.mark_dead(P);
+        poll_router(&mut r, vec![]);
+    }
+    let acts = actions(&mut r);
+    let eps = monitors(&acts);
+    assert_eq!(eps[0], "inproc://p2p-monitor-10.0.0.2-7777-0");
+    let mut unique = eps.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 10);
+    assert_eq!(closes(&acts), 10);
+    assert!(r.peers().is_empty());
+}
+
+#[test]
+fn s4_t0_reuses_the_monitor_endpoint() {
+    let mut r = registry(T0Switches { monitor_without_seq: true, ..T0Switches::default() });
+    for _ in 0..2 {
+        r.connect(P).unwrap();
+        r.mark_dead(P);
+        poll_router(&mut r, vec![]);
+    }
+    let eps = monitors(&actions(&mut r));
+    assert_eq!(eps, vec!["inproc://p2p-monitor-10.0.0.2-7777".to_string(); 2]);
+}
+
+// Poll ordering, framing and accept.
+
+#[test]
+fn death_in_the_same_poll_drops_routed_messages_s5() {
+    // Known and still present upstream: a message routed into a connection whose
+    // DISCONNECTED arrives in the same poll is swept with it.
+    let mut r = registry(T0Switches::default());
+    let conn = r.connect(P).unwrap();
+    let accepted =
+        r.poll(PollInput { router: vec![from(P, &msg("connect"))], monitor: vec![(conn, MonitorEvent::Disconnected)] });
+    assert!(accepted.is_empty());
+    assert!(!r.is_registered(P));
+    assert_eq!(r.stats().messages_lost_in_sweep, 1);
+}
+
+#[test]
+fn accepted_peers_are_returned_once_with_messages_in_order() {
+    let mut r = registry(T0Switches::default());
+    let q = "10.0.0.3:1";
+    let accepted = poll_router(&mut r, vec![from(P, &msg("a")), from(q, &msg("b")), from(P, &msg("c"))]);
+    assert_eq!(accepted, vec![P.to_string(), q.to_string()]);
+    assert_eq!(r.recv(P), vec![msg("a"), msg("c")]);
+    assert!(poll_router(&mut r, vec![from(P, &msg("d"))]).is_empty(), "already registered");
+    assert_eq!(r.recv(P), vec![msg("d")]);
+    let acts = actions(&mut r);
+    assert!(matches!(&acts[0], Action::OpenDealer { endpoint, identity, .. }
+        if endpoint == "tcp://10.0.0.2:7777" && identity == "10.0.0.1:5710"));
+}
+
+#[test]
+fn malformed_frames_are_dropped_with_nothing_else_lost() {
+    let mut r = registry(T0Switches::default());
+    let router = vec![
+        vec![P.as_bytes().to_vec()],
+        vec![P.as_bytes().to_vec(), encode(&msg("x")), vec![]],
+        vec![vec![0x00, 0xff, 0x12], encode(&msg("x"))],
+        vec![P.as_bytes().to_vec(), vec![0xc1]],
+        vec![b"no-colon".to_vec(), encode(&msg("x"))],
+        from(P, &msg("ok")),
+    ];
+    let accepted = poll_router(&mut r, router);
+    assert_eq!(accepted, vec![P.to_string()]);
+    assert_eq!(r.recv(P), vec![msg("ok")]);
+    assert_eq!(r.stats().frames_dropped, 5);
+}
+
+#[test]
+fn max_peers_refuses_beyond_the_bound() {
+    let mut r = ConnectionRegistry::new(RegistryConfig { max_peers: Some(1), ..RegistryConfig::new("l:1") });
+    r.connect(P).unwrap();
+    assert!(matches!(r.connect("h:2"), Err(TransportError::TooManyPeers { limit: 1, .. })));
+    assert!(poll_router(&mut r, vec![from("h:3", &msg("x"))]).is_empty());
+}
+
+#[test]
+fn send_requires_a_live_connection_and_respects_the_size_limit() {
+    let mut r = ConnectionRegistry::new(RegistryConfig { max_message_bytes: Some(64), ..RegistryConfig::new("l:1") });
+    assert_eq!(r.send(P, &msg("x")), Err(TransportError::NotConnected(P.into())));
+    let conn = r.connect(P).unwrap();
+    actions(&mut r);
+    r.send(P, &msg("x")).unwrap();
+    assert_eq!(actions(&mut r), vec![Action::Transmit { conn, frame: encode(&msg("x")) }]);
+    assert_eq!(r.send(P, &Value::Bin(vec![0; 100])), Err(TransportError::TooLarge(64)));
+    r.mark_dead(P);
+    assert_eq!(
+        r.send(P, &msg("x")).unwrap_err().to_string(),
+        format!("ZmqConnection: send on closed connection to {P}")
+    );
+}
+
+#[test]
+fn close_all_is_idempotent_and_closes_each_dealer_once() {
+    let mut r = registry(T0Switches::default());
+    r.connect(P).unwrap();
+    r.connect("10.0.0.3:1").unwrap();
+    r.close(P);
+    r.close_all();
+    r.close_all();
+    let acts = actions(&mut r);
+    assert_eq!(closes(&acts), 2);
+    assert_eq!(r.connect(P), Err(TransportError::Closed));
+}
