@@ -1,0 +1,305 @@
+//! `ControlClient`: REQ/REP control requests to consumer shards.
+//!
+//! Sockets are kept per (thread, address), as the reference keeps them in thread-local
+//! storage: two threads talking to one shard use two connections and never share a REQ
+//! socket's lockstep. Whether a request needs a fresh socket and when a socket must go
+//! (any failure: a REQ that sent and did not receive cannot send again) is decided by the
+//! core's [`RequestSlot`]; shard discovery and its success-only cache are the core's
+//! [`TopologyCache`].
+
+use crate::clock::Clock;
+use crate::requests::{self, Completion, ReserveSpec};
+use crate::{lock, sockets};
+use ctlplane_core::ec::pyjson;
+use ctlplane_core::ec::request_slot::{Busy, ReplyFate, RequestSlot};
+use ctlplane_core::ec::topology::{TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
+use ctlplane_core::ec::wire::{self, WireError};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::thread::ThreadId;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Why a control request failed.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// No reply within the timeout; the socket was discarded.
+    #[error("control request to {addr} timed out after {timeout_ms} ms")]
+    Timeout { addr: String, timeout_ms: i32 },
+    /// libzmq refused the exchange; the socket was discarded.
+    #[error("control request to {addr} failed")]
+    Transport {
+        addr: String,
+        #[source]
+        source: zmq::Error,
+    },
+    /// The server answered `ok: false`; the text is the server's (`RuntimeError(error)`).
+    #[error("{message}")]
+    Remote { addr: String, message: String },
+    /// The reply was not UTF-8 JSON; the socket was discarded.
+    #[error("malformed control reply from {addr}")]
+    MalformedReply { addr: String },
+    /// The reply was JSON but not an object; the round trip completed, so the socket stays.
+    #[error("control reply from {addr} is not a JSON object")]
+    NotAnObject { addr: String },
+    /// The result did not have the shape its op promises.
+    #[error("malformed {op} result from {addr}: {detail}")]
+    UnexpectedResult { addr: String, op: &'static str, detail: String },
+    /// A reserve whose `prod(shape) * itemsize` overflows.
+    #[error("tensor size of transfer {transfer_id} overflows")]
+    SizeOverflow { transfer_id: String },
+    /// The shards of a consumer could not be confirmed; nothing was sent.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// A request was started while the socket still waited for a reply.
+    #[error(transparent)]
+    Busy(#[from] Busy),
+    /// `close` was called.
+    #[error("control client is closed")]
+    Closed,
+}
+
+/// One (thread, address)'s REQ socket and its lockstep state.
+struct Conn {
+    slot: RequestSlot,
+    socket: Option<zmq::Socket>,
+}
+
+struct Conns {
+    closed: bool,
+    /// Idle connections. A request takes its connection out and puts it back when done, so
+    /// a panicking request drops (closes) its socket and `close` never waits for one.
+    idle: HashMap<(ThreadId, String), Conn>,
+}
+
+/// Sends control requests over reusable per-thread REQ sockets.
+///
+/// As with the reference's thread-local sockets, a thread that ends leaves its idle
+/// sockets open until `close` (or the client's drop).
+pub struct ControlClient {
+    context: zmq::Context,
+    timeout: Duration,
+    timeout_ms: i32,
+    clock: Clock,
+    conns: Mutex<Conns>,
+    topologies: Mutex<TopologyCache>,
+}
+
+impl ControlClient {
+    /// A client whose requests time out after `timeout_ms` (`control_timeout_ms`).
+    pub fn new(timeout_ms: u64) -> Self {
+        let timeout = Duration::from_millis(timeout_ms.max(1));
+        ControlClient {
+            context: zmq::Context::new(),
+            timeout,
+            timeout_ms: sockets::millis(timeout),
+            clock: Clock::new(),
+            conns: Mutex::new(Conns { closed: false, idle: HashMap::new() }),
+            topologies: Mutex::new(TopologyCache::default()),
+        }
+    }
+
+    /// Sends `payload` (as Python's `json.dumps` would write it) and returns the reply's
+    /// `result`.
+    pub fn request(&self, addr: &str, payload: &Value) -> Result<Value, ClientError> {
+        self.request_frame(addr, &pyjson::dumps(payload))
+    }
+
+    /// Sends one already-encoded request frame and returns the reply's `result`; an
+    /// `ok: false` reply is [`ClientError::Remote`] with the server's text.
+    pub fn request_frame(&self, addr: &str, frame: &[u8]) -> Result<Value, ClientError> {
+        match self.exchange(addr, frame)? {
+            Ok(result) => Ok(result),
+            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
+        }
+    }
+
+    fn exchange(&self, addr: &str, frame: &[u8]) -> Result<Result<Value, String>, ClientError> {
+        let key = (std::thread::current().id(), addr.to_string());
+        let taken = {
+            let mut conns = lock(&self.conns);
+            if conns.closed {
+                return Err(ClientError::Closed);
+            }
+            conns.idle.remove(&key)
+        };
+        let mut conn = taken.unwrap_or_else(|| Conn { slot: RequestSlot::new(self.timeout), socket: None });
+        let outcome = self.exchange_on(&mut conn, addr, frame);
+        let mut conns = lock(&self.conns);
+        if !conns.closed {
+            conns.idle.insert(key, conn);
+        }
+        outcome
+    }
+
+    /// One lockstep round trip on `conn`; every failure discards its socket.
+    fn exchange_on(&self, conn: &mut Conn, addr: &str, frame: &[u8]) -> Result<Result<Value, String>, ClientError> {
+        let begin = match conn.slot.begin(self.clock.now()) {
+            Ok(begin) => begin,
+            // Unreachable while a request owns its connection, but never send twice.
+            Err(busy) => {
+                conn.fail();
+                return Err(ClientError::Busy(busy));
+            }
+        };
+        let socket = match conn.socket.take() {
+            Some(socket) if !begin.open => socket,
+            _ => match sockets::open_req(&self.context, addr, self.timeout_ms) {
+                Ok(socket) => socket,
+                Err(source) => {
+                    conn.fail();
+                    return Err(ClientError::Transport { addr: addr.into(), source });
+                }
+            },
+        };
+        let outcome = round_trip(&socket, frame);
+        conn.socket = Some(socket);
+        let reply = match outcome {
+            Ok(reply) => reply,
+            Err(e) => {
+                conn.fail();
+                return Err(self.transport_error(addr, e));
+            }
+        };
+        if conn.slot.handle_reply(begin.generation) == ReplyFate::Ignore {
+            conn.fail();
+            return Err(ClientError::MalformedReply { addr: addr.into() });
+        }
+        match wire::decode_reply(&reply) {
+            Ok(outcome) => Ok(outcome),
+            Err(WireError::NotAnObject(_)) => Err(ClientError::NotAnObject { addr: addr.into() }),
+            Err(_) => {
+                conn.fail();
+                Err(ClientError::MalformedReply { addr: addr.into() })
+            }
+        }
+    }
+
+    fn transport_error(&self, addr: &str, e: zmq::Error) -> ClientError {
+        match e {
+            zmq::Error::EAGAIN => ClientError::Timeout { addr: addr.into(), timeout_ms: self.timeout_ms },
+            source => ClientError::Transport { addr: addr.into(), source },
+        }
+    }
+
+    /// The control address of every shard of the consumer at `base`, from the cache or a
+    /// `peers` request. `None` (logged) if the consumer did not report a usable list;
+    /// failures are not cached, so the next call asks again.
+    pub fn discover_shards(&self, base: &str) -> Option<Vec<String>> {
+        if let Some(shards) = lock(&self.topologies).get(base) {
+            return Some(shards.to_vec());
+        }
+        let reply = self.request_frame(base, &requests::peers()).map_err(|e| e.to_string());
+        match lock(&self.topologies).record(base, reply) {
+            Ok(shards) => Some(shards),
+            Err(error) => {
+                tracing::warn!(%error, "EC Mooncake consumer at {base} did not report its shards");
+                None
+            }
+        }
+    }
+
+    /// [`Self::discover_shards`], tried `DISCOVERY_ATTEMPTS` times; callers never fall back
+    /// to the base address alone.
+    pub fn shards(&self, base: &str) -> Result<Vec<String>, TopologyError> {
+        for _ in 0..DISCOVERY_ATTEMPTS {
+            if let Some(shards) = self.discover_shards(base) {
+                return Ok(shards);
+            }
+        }
+        Err(TopologyError { base: base.to_string() })
+    }
+
+    /// The shard's PUSH port.
+    pub fn event_port(&self, addr: &str) -> Result<Value, ClientError> {
+        self.request_frame(addr, &requests::event_port())
+    }
+
+    /// The status object of an active reservation, or `null`.
+    pub fn status(&self, addr: &str, transfer_id: &str) -> Result<Value, ClientError> {
+        self.request_frame(addr, &requests::status(transfer_id))
+    }
+
+    /// One `reserve`; the result object as the shard sent it.
+    pub fn reserve(&self, addr: &str, spec: &ReserveSpec) -> Result<Value, ClientError> {
+        let frame = requests::reserve(spec).ok_or_else(|| overflow(std::slice::from_ref(spec)))?;
+        self.request_frame(addr, &frame)
+    }
+
+    /// One `reserve_batch`: per spec, the reserve result or the shard's error text.
+    pub fn reserve_batch(&self, addr: &str, specs: &[ReserveSpec]) -> Result<Vec<Result<Value, String>>, ClientError> {
+        let frame = requests::reserve_batch(specs).ok_or_else(|| overflow(specs))?;
+        let result = self.request_frame(addr, &frame)?;
+        requests::parse_reserve_batch(&result, specs.len()).map_err(|detail| unexpected(addr, "reserve_batch", detail))
+    }
+
+    /// One `complete`.
+    pub fn complete(&self, addr: &str, transfer_id: &str, reservation_id: &str) -> Result<Completion, ClientError> {
+        let result = self.request_frame(addr, &requests::complete(transfer_id, reservation_id))?;
+        Ok(requests::parse_completion(&result))
+    }
+
+    /// One `complete_batch` of `(transfer_id, reservation_id)` pairs, outcomes in order.
+    pub fn complete_batch(&self, addr: &str, items: &[(&str, &str)]) -> Result<Vec<Completion>, ClientError> {
+        let result = self.request_frame(addr, &requests::complete_batch(items.iter().copied()))?;
+        requests::parse_complete_batch(&result, items.len())
+            .map_err(|detail| unexpected(addr, "complete_batch", detail))
+    }
+
+    /// One `cancel`; whether the shard cancelled anything.
+    pub fn cancel(
+        &self,
+        addr: &str,
+        transfer_id: &str,
+        reservation_id: &str,
+        abandon: bool,
+        refresh: bool,
+    ) -> Result<bool, ClientError> {
+        let result = self.request_frame(addr, &requests::cancel(transfer_id, reservation_id, abandon, refresh))?;
+        Ok(requests::parse_cancel(&result))
+    }
+
+    /// Closes every idle socket (linger 0) and refuses further requests; a request in
+    /// flight on another thread closes its socket when it returns. Idempotent.
+    pub fn close(&self) {
+        let idle = {
+            let mut conns = lock(&self.conns);
+            conns.closed = true;
+            std::mem::take(&mut conns.idle)
+        };
+        drop(idle);
+    }
+
+    /// The configured timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+impl Conn {
+    /// The exchange failed: the slot decides whether the socket goes; if so it is
+    /// closed here (its linger is 0, so nothing waits for unsent data).
+    fn fail(&mut self) {
+        if self.slot.handle_failure().is_some() {
+            self.socket = None;
+        }
+    }
+}
+
+/// Sends `frame` and reads the single-part reply. A multi-part reply is read whole and
+/// answered with an empty frame, which the decoder refuses as malformed.
+fn round_trip(socket: &zmq::Socket, frame: &[u8]) -> zmq::Result<Vec<u8>> {
+    socket.send(frame, 0)?;
+    let mut parts = socket.recv_multipart(0)?;
+    Ok(if parts.len() == 1 { parts.pop().unwrap_or_default() } else { Vec::new() })
+}
+
+fn overflow(specs: &[ReserveSpec]) -> ClientError {
+    let transfer_id = specs.iter().find(|s| s.nbytes().is_none()).map(|s| s.transfer_id.clone()).unwrap_or_default();
+    ClientError::SizeOverflow { transfer_id }
+}
+
+fn unexpected(addr: &str, op: &'static str, detail: String) -> ClientError {
+    ClientError::UnexpectedResult { addr: addr.into(), op, detail }
+}

@@ -1,0 +1,30 @@
+//! ctlplane's production drivers over libzmq.
+//!
+//! Every decision (what a request does, when an event is dropped, when a REQ socket is
+//! discarded, which shards a consumer has) is made by `ctlplane-core`; the types here only
+//! own sockets, threads and the wall clock, feed bytes and time into the core and carry
+//! out what it returns. That keeps the simulator, which drives the same core types, a
+//! faithful test of production.
+
+pub mod client;
+pub mod clock;
+pub mod replica;
+pub mod requests;
+mod serve_loop;
+pub mod server;
+mod sockets;
+
+pub use client::{ClientError, ControlClient};
+pub use clock::Clock;
+pub use replica::ConsumerServers;
+pub use requests::{Completion, ReserveSpec};
+pub use server::{BindCause, ConsumerControlServer, ServerOptions, SetupCause, StartError};
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Locks `m`, taking the data over from a thread that panicked while holding it: the
+/// core's state stays consistent between calls, and a dead serving thread must not take
+/// the caller down with it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,135 @@
+//! The serving loop of one consumer control server: it moves frames between the sockets
+//! and the core shard and feeds it the clock; the shard decides everything.
+
+use crate::clock::Clock;
+use crate::lock;
+use crate::server::{open_sockets, BindCause, StartError};
+use crate::sockets::endpoint_port;
+use ctlplane_core::ec::config::zmq_path;
+use ctlplane_core::ec::ConsumerShard;
+use rand_core::RngCore;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Both sockets of a server, bound.
+pub(crate) struct Bound {
+    pub rep: zmq::Socket,
+    pub push: zmq::Socket,
+    pub event_port: u16,
+    pub event_endpoint: String,
+}
+
+/// What ends a loop other than the stop flag. Afterwards clients only see timeouts, so
+/// the server logs it at error level.
+#[derive(Debug, Error)]
+pub(crate) enum LoopError {
+    #[error("receiving a request failed: {0}")]
+    Recv(#[source] zmq::Error),
+    #[error("sending a reply failed: {0}")]
+    Reply(#[source] zmq::Error),
+    #[error("publishing an event failed: {0}")]
+    Event(#[source] zmq::Error),
+}
+
+/// Creates the context and sockets and binds REP at `endpoint`, then PUSH on an ephemeral
+/// port of `host`, reading the chosen port back from `LAST_ENDPOINT`.
+pub(crate) fn bind(host: &str, endpoint: &str, recv_timeout: Duration) -> Result<Bound, StartError> {
+    let ctx = zmq::Context::new();
+    let (rep, push) = open_sockets(&ctx, recv_timeout)?;
+    let bind_err = |endpoint: &str, source| StartError::Bind(BindCause::Zmq { endpoint: endpoint.to_string(), source });
+    rep.bind(endpoint).map_err(|e| bind_err(endpoint, e))?;
+    let ephemeral = zmq_path("tcp", host, 0);
+    push.bind(&ephemeral).map_err(|e| bind_err(&ephemeral, e))?;
+    let last = match push.get_last_endpoint() {
+        Ok(Ok(s)) => s,
+        Ok(Err(raw)) => String::from_utf8_lossy(&raw).into_owned(),
+        Err(e) => return Err(bind_err(&ephemeral, e)),
+    };
+    let Some(event_port) = endpoint_port(&last) else {
+        return Err(StartError::Bind(BindCause::EventEndpoint(last)));
+    };
+    // With IPV6=1 libzmq reports an IPv4 host as `[::ffff:a.b.c.d]`; like the reference,
+    // only the port is taken from it and the advertised host is kept.
+    Ok(Bound { rep, push, event_port, event_endpoint: zmq_path("tcp", host, event_port) })
+}
+
+/// Serves until `stop` is set. Each turn: publish queued events until EAGAIN, run the
+/// shard's timer if due, wait one tick for a request, answer it.
+pub(crate) fn run<R: RngCore>(
+    bound: &Bound,
+    shard: &Mutex<ConsumerShard<R>>,
+    clock: &Clock,
+    stop: &AtomicBool,
+) -> Result<(), LoopError> {
+    while !stop.load(Ordering::Acquire) {
+        {
+            let mut shard = lock(shard);
+            flush_events(&bound.push, &mut shard)?;
+            let now = clock.now();
+            if shard.poll_timeout().is_some_and(|due| now >= due) {
+                shard.handle_timeout(now);
+            }
+        }
+        let Some(frame) = recv_request(&bound.rep)? else { continue };
+        let reply = lock(shard).handle_request(&frame, clock.now());
+        send_retrying(&bound.rep, &reply, 0).map_err(LoopError::Reply)?;
+    }
+    Ok(())
+}
+
+/// Hands queued events to PUSH without blocking. EAGAIN (no PULL connected, or its queue
+/// is full) leaves the event queued in the shard for the next turn.
+fn flush_events<R: RngCore>(push: &zmq::Socket, shard: &mut ConsumerShard<R>) -> Result<(), LoopError> {
+    while let Some(frame) = shard.peek_event() {
+        match push.send(frame, zmq::DONTWAIT) {
+            Ok(()) => shard.confirm_sent(),
+            Err(zmq::Error::EAGAIN) => break,
+            Err(zmq::Error::EINTR) => continue,
+            Err(e) => return Err(LoopError::Event(e)),
+        }
+    }
+    Ok(())
+}
+
+/// One request off REP, or `None` when the tick passed without one.
+///
+/// REP owes exactly one reply per request, whatever its shape, so every part of a
+/// multi-part request is read and the request is handed to the shard as an empty (hence
+/// undecodable) frame: the client gets "malformed control request" and the channel keeps
+/// serving, where the reference would probably fail its reply and stop.
+fn recv_request(rep: &zmq::Socket) -> Result<Option<Vec<u8>>, LoopError> {
+    let frame = match rep.recv_bytes(0) {
+        Ok(frame) => frame,
+        Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(None),
+        Err(e) => return Err(LoopError::Recv(e)),
+    };
+    if !rep.get_rcvmore().map_err(LoopError::Recv)? {
+        return Ok(Some(frame));
+    }
+    let mut parts = 1usize;
+    loop {
+        // The rest of a multi-part message has already arrived with its first part.
+        match rep.recv_bytes(0) {
+            Ok(_) => parts += 1,
+            Err(zmq::Error::EINTR) => continue,
+            Err(e) => return Err(LoopError::Recv(e)),
+        }
+        if !rep.get_rcvmore().map_err(LoopError::Recv)? {
+            break;
+        }
+    }
+    tracing::warn!(parts, "EC control channel received a multi-part request; answering it as malformed");
+    Ok(Some(Vec::new()))
+}
+
+/// `send`, retried when a signal interrupts it.
+fn send_retrying(socket: &zmq::Socket, frame: &[u8], flags: i32) -> zmq::Result<()> {
+    loop {
+        match socket.send(frame, flags) {
+            Err(zmq::Error::EINTR) => continue,
+            other => return other,
+        }
+    }
+}

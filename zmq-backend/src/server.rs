@@ -1,0 +1,236 @@
+//! `ConsumerControlServer`: one consumer TP rank's control channel on real sockets.
+//!
+//! A thread owns a REP socket (requests) and a PUSH socket (readiness events) and drives a
+//! core [`ConsumerShard`] with them; see [`crate::serve_loop`] for the loop. The shard sits
+//! behind a mutex shared with the owner, as the reference shares one lock between the
+//! serving thread and the model thread, so the owner can read its counters or call
+//! `take` / `begin_shutdown` while it serves.
+
+use crate::clock::Clock;
+use crate::serve_loop::{self, Bound};
+use crate::{lock, sockets};
+use ctlplane_core::ec::config::zmq_path;
+use ctlplane_core::ec::{ConsumerShard, ShardConfig, ShardStats};
+use rand_core::{OsRng, RngCore};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Timings of a server; the defaults are the reference's.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// REP `RCVTIMEO`: the loop's tick while no request arrives (events, reaps, stop flag).
+    pub recv_timeout: Duration,
+    /// How long `start` waits for the thread to report that it is bound.
+    pub start_timeout: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions { recv_timeout: Duration::from_millis(100), start_timeout: Duration::from_secs(5) }
+    }
+}
+
+/// Why a server did not start. `Display` is the reference's message; the cause is the
+/// error's source.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// The REP or PUSH endpoint could not be bound (port in use, bad host, ...).
+    #[error("EC Mooncake control channel failed to bind")]
+    Bind(#[source] BindCause),
+    /// The thread did not report within the start timeout.
+    #[error("EC Mooncake control channel failed to start")]
+    Timeout,
+    /// The thread or its sockets could not be set up.
+    #[error("EC Mooncake control channel failed to start")]
+    Setup(#[source] SetupCause),
+}
+
+/// What went wrong binding.
+#[derive(Debug, Error)]
+pub enum BindCause {
+    #[error("cannot bind {endpoint}")]
+    Zmq {
+        endpoint: String,
+        #[source]
+        source: zmq::Error,
+    },
+    /// The PUSH socket's `LAST_ENDPOINT` did not name a port.
+    #[error("event socket reports no usable endpoint ({0:?})")]
+    EventEndpoint(String),
+}
+
+/// What went wrong before binding.
+#[derive(Debug, Error)]
+pub enum SetupCause {
+    #[error("cannot create or configure a socket")]
+    Socket(#[source] zmq::Error),
+    #[error("cannot spawn the server thread")]
+    Spawn(#[source] std::io::Error),
+    #[error("the server thread ended before reporting")]
+    ThreadEnded,
+}
+
+/// A running control server for one TP rank.
+pub struct ConsumerControlServer<R = OsRng> {
+    port: u16,
+    endpoint: String,
+    event_port: u16,
+    event_endpoint: String,
+    shard: Arc<Mutex<ConsumerShard<R>>>,
+    stop: Arc<AtomicBool>,
+    serving: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<R: RngCore + Send + 'static> ConsumerControlServer<R> {
+    /// Binds `tcp://host:config.port` (REP) and an ephemeral PUSH port on `host`, and
+    /// serves `config`'s shard on a thread. `rng` mints reservation ids (`OsRng` in
+    /// production).
+    pub fn start(host: &str, config: ShardConfig, rng: R) -> Result<Self, StartError> {
+        Self::start_with(host, config, rng, ServerOptions::default())
+    }
+
+    /// [`Self::start`] with explicit timings.
+    pub fn start_with(host: &str, config: ShardConfig, rng: R, options: ServerOptions) -> Result<Self, StartError> {
+        let clock = Clock::new();
+        let port = config.port;
+        let endpoint = zmq_path("tcp", host, port);
+        let shard = Arc::new(Mutex::new(ConsumerShard::new(config, rng, clock.now())));
+        let stop = Arc::new(AtomicBool::new(false));
+        let serving = Arc::new(AtomicBool::new(false));
+        let (started_tx, started_rx) = mpsc::sync_channel(1);
+
+        let thread = {
+            let (host, endpoint) = (host.to_string(), endpoint.clone());
+            let (shard, stop, serving) = (shard.clone(), stop.clone(), serving.clone());
+            let recv_timeout = options.recv_timeout;
+            std::thread::Builder::new()
+                .name(format!("ec-control-{port}"))
+                .spawn(move || {
+                    let bound = match serve_loop::bind(&host, &endpoint, recv_timeout) {
+                        Ok(bound) => bound,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    lock(&shard).set_event_port(bound.event_port);
+                    serving.store(true, Ordering::Release);
+                    let _ = started_tx.send(Ok((bound.event_port, bound.event_endpoint.clone())));
+                    serve(bound, port, &shard, &clock, &stop);
+                    serving.store(false, Ordering::Release);
+                })
+                .map_err(|e| StartError::Setup(SetupCause::Spawn(e)))?
+        };
+
+        let (event_port, event_endpoint) = match started_rx.recv_timeout(options.start_timeout) {
+            Ok(Ok(bound)) => bound,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // The thread may still bind later: tell it to stop as soon as it can.
+                stop.store(true, Ordering::Release);
+                return Err(StartError::Timeout);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let _ = thread.join();
+                return Err(StartError::Setup(SetupCause::ThreadEnded));
+            }
+        };
+        tracing::info!("EC Mooncake control channel listening on {endpoint} (events {event_endpoint})");
+        Ok(ConsumerControlServer {
+            port,
+            endpoint,
+            event_port,
+            event_endpoint,
+            shard,
+            stop,
+            serving,
+            thread: Some(thread),
+        })
+    }
+
+    /// This rank's REP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The REP endpoint clients connect to, `tcp://host:port`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The PUSH socket's ephemeral port (what `event_port` answers).
+    pub fn event_port(&self) -> u16 {
+        self.event_port
+    }
+
+    /// `tcp://host:event_port`, for a PULL to connect to.
+    pub fn event_endpoint(&self) -> &str {
+        &self.event_endpoint
+    }
+
+    /// The shard's counters now.
+    pub fn stats(&self) -> ShardStats {
+        lock(&self.shard).stats()
+    }
+
+    /// Runs `f` on the shard between two requests (the model thread's `take`, `retire`,
+    /// `begin_shutdown`, or reading its book).
+    pub fn with_shard<T>(&self, f: impl FnOnce(&mut ConsumerShard<R>) -> T) -> T {
+        f(&mut lock(&self.shard))
+    }
+
+    /// The serving thread is still in its loop (false after `close` or a loop failure).
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+    }
+}
+
+impl<R> ConsumerControlServer<R> {
+    /// Stops the loop and waits for the thread; its sockets close with linger 0.
+    /// Idempotent. Takes up to one receive tick plus an in-flight request.
+    pub fn close(&mut self) {
+        let Some(thread) = self.thread.take() else { return };
+        self.stop.store(true, Ordering::Release);
+        if thread.join().is_err() {
+            tracing::error!(port = self.port, "EC control channel thread panicked");
+        }
+    }
+}
+
+impl<R> Drop for ConsumerControlServer<R> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Runs the loop until stopped, logging (never swallowing) whatever ended it. The
+/// sockets close with linger 0 when `bound` drops here.
+fn serve<R: RngCore>(bound: Bound, port: u16, shard: &Mutex<ConsumerShard<R>>, clock: &Clock, stop: &AtomicBool) {
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_loop::run(&bound, shard, clock, stop)));
+    match outcome {
+        Ok(Ok(())) => tracing::debug!(port, "EC control channel closed"),
+        Ok(Err(error)) => {
+            tracing::error!(port, %error, "EC control channel on port {port} stopped serving")
+        }
+        Err(_) => tracing::error!(port, "EC control channel on port {port} stopped serving: the loop panicked"),
+    }
+}
+
+/// Opens both sockets of a server (kept here so `serve_loop` only moves frames).
+pub(crate) fn open_sockets(
+    ctx: &zmq::Context,
+    recv_timeout: Duration,
+) -> Result<(zmq::Socket, zmq::Socket), StartError> {
+    let rep = sockets::new_rep(ctx, recv_timeout).map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
+    let push = sockets::new_push(ctx).map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
+    Ok((rep, push))
+}

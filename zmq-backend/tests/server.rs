@@ -1,0 +1,134 @@
+//! The consumer control server over real sockets on loopback.
+
+mod common;
+
+use common::{free_ports, raw_socket, spec, start_server};
+use ctlplane_core::ec::{PortPlan, ShardConfig};
+use ctlplane_zmq::{ConsumerControlServer, ConsumerServers, ControlClient, ServerOptions, StartError};
+use rand_core::OsRng;
+use serde_json::{json, Value};
+use std::error::Error;
+
+const MALFORMED: &[u8] = br#"{"ok": false, "error": "malformed control request"}"#;
+
+#[test]
+fn undecodable_and_multipart_requests_are_answered_as_malformed_and_serving_goes_on() {
+    let server = start_server(|_| {});
+    let ctx = zmq::Context::new();
+    let req = raw_socket(&ctx, zmq::REQ, 5_000);
+    req.connect(server.endpoint()).unwrap();
+
+    req.send("{not json", 0).unwrap();
+    assert_eq!(req.recv_bytes(0).unwrap(), MALFORMED);
+    req.send_multipart([&br#"{"op": "peers"}"#[..], b"x"], 0).unwrap();
+    assert_eq!(req.recv_bytes(0).unwrap(), MALFORMED);
+    req.send(r#"{"op": "peers"}"#, 0).unwrap();
+    let port = server.port();
+    assert_eq!(req.recv_string(0).unwrap().unwrap(), format!(r#"{{"ok": true, "result": {{"ports": [{port}]}}}}"#));
+
+    let stats = server.stats();
+    assert_eq!((stats.requests, stats.malformed, stats.error_replies), (3, 2, 2));
+    assert!(server.is_serving());
+}
+
+#[test]
+fn events_queued_before_any_subscriber_arrive_once_a_pull_connects() {
+    let server = start_server(|_| {});
+    let client = ControlClient::new(5_000);
+    let addr = server.endpoint();
+    assert_eq!(client.event_port(addr).unwrap(), json!(server.event_port()));
+
+    let granted = client.reserve(addr, &spec("t1", "h1")).unwrap();
+    assert_eq!((granted["write"].clone(), granted["nbytes"].clone()), (json!(true), json!(16384)));
+    let rid = granted["reservation_id"].as_str().unwrap().to_string();
+    let done = client.complete(addr, "t1", &rid).unwrap();
+    assert!(done.completed && done.became_ready);
+    assert_eq!(server.stats().events_queued, 1);
+
+    let ctx = zmq::Context::new();
+    let pull = raw_socket(&ctx, zmq::PULL, 5_000);
+    pull.connect(server.event_endpoint()).unwrap();
+    let event: Value = serde_json::from_slice(&pull.recv_bytes(0).unwrap()).unwrap();
+    assert_eq!(event["transfer_id"], "t1");
+    assert_eq!(event["reservation_id"], rid.as_str());
+    assert_eq!(event["ready"], true);
+    assert_eq!(event["shard"], server.port());
+    // The loop confirms the send right after libzmq took the frame, maybe just after the
+    // PULL already read it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while server.stats().events_sent != 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(server.stats().events_sent, 1);
+    client.close();
+}
+
+#[test]
+fn a_full_backlog_drops_the_oldest_events_and_counts_them() {
+    let server = start_server(|c| c.max_pending_events = 2);
+    let client = ControlClient::new(5_000);
+    let addr = server.endpoint();
+    let specs: Vec<_> = (0..4).map(|i| spec(&format!("t{i}"), &format!("h{i}"))).collect();
+    let granted = client.reserve_batch(addr, &specs).unwrap();
+    let rids: Vec<String> =
+        granted.iter().map(|g| g.as_ref().unwrap()["reservation_id"].as_str().unwrap().to_string()).collect();
+    let items: Vec<(&str, &str)> = specs.iter().zip(&rids).map(|(s, r)| (s.transfer_id.as_str(), r.as_str())).collect();
+    let done = client.complete_batch(addr, &items).unwrap();
+    assert!(done.iter().all(|c| c.completed && c.became_ready));
+
+    let stats = server.stats();
+    assert_eq!((stats.events_queued, stats.events_dropped, stats.events_sent), (4, 2, 0));
+    assert_eq!(server.with_shard(|s| s.pending_events()), 2);
+}
+
+#[test]
+fn a_port_in_use_fails_to_bind_with_its_cause() {
+    let first = start_server(|_| {});
+    let err = ConsumerControlServer::start("127.0.0.1", ShardConfig::new(first.port(), 1 << 20), OsRng)
+        .err()
+        .expect("second bind must fail");
+    assert!(matches!(err, StartError::Bind(_)), "{err:?}");
+    assert_eq!(err.to_string(), "EC Mooncake control channel failed to bind");
+    let cause = err.source().expect("the cause is kept");
+    assert!(cause.to_string().contains(first.endpoint()), "{cause}");
+    assert!(cause.source().is_some(), "the zmq error is kept");
+    assert!(first.is_serving());
+}
+
+#[test]
+fn close_is_idempotent_and_stops_serving() {
+    let mut server = start_server(|_| {});
+    assert!(server.is_serving());
+    server.close();
+    server.close();
+    assert!(!server.is_serving());
+    // The port is free again.
+    let again = ConsumerControlServer::start("127.0.0.1", ShardConfig::new(server.port(), 1 << 20), OsRng).unwrap();
+    drop(again);
+
+    let client = ControlClient::new(1_000);
+    client.close();
+    client.close();
+    assert!(matches!(
+        client.request(server.endpoint(), &json!({"op": "peers"})),
+        Err(ctlplane_zmq::ClientError::Closed)
+    ));
+}
+
+#[test]
+fn a_replica_serves_every_rank_and_advertises_them_all() {
+    let base = free_ports(2);
+    let plan = PortPlan::new("127.0.0.1", i64::from(base), 0, 2).unwrap();
+    let mut replica = ConsumerServers::start(&plan, 1 << 20, &ServerOptions::default(), |_| {}).unwrap();
+    let client = ControlClient::new(5_000);
+    let shards = client.shards(&plan.control_addr()).unwrap();
+    assert_eq!(shards, [format!("tcp://127.0.0.1:{base}"), format!("tcp://127.0.0.1:{}", base + 1)]);
+    for (shard, server) in shards.iter().zip(replica.servers()) {
+        assert_eq!(client.event_port(shard).unwrap(), json!(server.event_port()));
+        let granted = client.reserve(shard, &spec("t", "h")).unwrap();
+        assert_eq!(granted["dst_session"], "127.0.0.1:0");
+    }
+    replica.close();
+    replica.close();
+    assert!(!replica.all_serving());
+}
