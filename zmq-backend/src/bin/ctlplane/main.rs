@@ -1,0 +1,54 @@
+//! `ctlplane`: run a consumer's control servers, or talk to one as an operator.
+
+mod consumer;
+mod ec;
+
+use clap::{Parser, Subcommand};
+use std::error::Error;
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "ctlplane", version, about = "ctlplane control plane: EC consumer servers and operator tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve one EC control shard per TP rank of a consumer replica.
+    Consumer(consumer::ConsumerArgs),
+    /// Send EC control requests to a consumer (an operator's tool).
+    Ec(ec::EcArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Logs go to stderr so stdout stays machine-readable.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let outcome = match cli.command {
+        Command::Consumer(args) => consumer::run(args),
+        Command::Ec(args) => ec::run(args),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {}", chain(error.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `error: cause: cause's cause ...`, so a bind failure shows why it failed.
+pub(crate) fn chain(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
