@@ -212,8 +212,7 @@ pub enum EventError {
 /// Decodes one PULL frame. `Ok(None)`: a well-formed event that is not a readiness
 /// (`ready` falsy), skipped.
 pub fn decode_event(frame: &[u8]) -> Result<Option<ReadyEvent>, EventError> {
-    let text = std::str::from_utf8(frame).map_err(|_| EventError::Undecodable)?;
-    let value: Value = serde_json::from_str(text).map_err(|_| EventError::Undecodable)?;
+    let value = super::wire::parse_json(frame).map_err(|_| EventError::Undecodable)?;
     let Value::Object(obj) = value else {
         return Err(EventError::NotAnObject(type_name(&value)));
     };

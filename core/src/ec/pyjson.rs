@@ -57,9 +57,13 @@ impl Formatter for PythonFormatter {
                 continue;
             }
             w.write_all(&fragment.as_bytes()[start..i])?;
-            let mut units = [0u16; 2];
-            for unit in c.encode_utf16(&mut units) {
-                write!(w, "\\u{:04x}", unit)?;
+            if let Some(surrogate) = carried_surrogate(c) {
+                write!(w, "\\u{:04x}", surrogate)?;
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    write!(w, "\\u{:04x}", unit)?;
+                }
             }
             start = i + c.len_utf8();
         }
@@ -67,12 +71,77 @@ impl Formatter for PythonFormatter {
     }
 }
 
+/// First code point of the private-use block that carries lone UTF-16 surrogates.
+///
+/// Python strings may hold lone surrogates (`json.loads('"\\ud800"')` succeeds); Rust
+/// strings may not. [`carry_lone_surrogates`] maps each lone surrogate `U+D800+n` of a
+/// frame to `U+F0000+n`, and the writers of this module map it back, so such an id
+/// round-trips exactly. A genuine `U+F0000..U+F07FF` character would be read as a
+/// surrogate on the way out: that corner of plane 15 is given up for exact round trips.
+const SURROGATE_CARRIER: u32 = 0xF0000;
+
+/// The lone surrogate a carrier character stands for.
+pub fn carried_surrogate(c: char) -> Option<u32> {
+    let c = c as u32;
+    (SURROGATE_CARRIER..SURROGATE_CARRIER + 0x800).contains(&c).then(|| c - SURROGATE_CARRIER + 0xD800)
+}
+
+/// Rewrites every lone `\uD800`-`\uDFFF` escape of a JSON text as its carrier character;
+/// `None` if there is none (then the text failed for another reason).
+pub fn carry_lone_surrogates(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let hex4 = |at: usize| -> Option<u32> {
+        let h = b.get(at..at + 4)?;
+        u32::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()
+    };
+    let escape_at = |at: usize| -> Option<u32> {
+        if b.get(at) == Some(&b'\\') && b.get(at + 1) == Some(&b'u') {
+            hex4(at + 2)
+        } else {
+            None
+        }
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut changed = false;
+    let mut copied = 0;
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        match escape_at(i) {
+            Some(hi @ 0xD800..=0xDBFF) if matches!(escape_at(i + 6), Some(0xDC00..=0xDFFF)) => {
+                let _ = hi;
+                i += 12;
+            }
+            Some(unit @ 0xD800..=0xDFFF) => {
+                out.push_str(&text[copied..i]);
+                out.push(char::from_u32(SURROGATE_CARRIER + unit - 0xD800)?);
+                changed = true;
+                i += 6;
+                copied = i;
+            }
+            // Any other escape is two characters long (`\uXXXX` is skipped whole).
+            Some(_) => i += 6,
+            None => i += 2,
+        }
+    }
+    out.push_str(&text[copied..]);
+    changed.then_some(out)
+}
+
+/// Whether a JSON number literal is an integer (Python `int`) rather than a float.
+fn is_int_literal(n: &serde_json::Number) -> bool {
+    n.is_i64() || n.is_u64() || !n.to_string().contains(['.', 'e', 'E'])
+}
+
 /// Python's type name of a decoded JSON value (`type(v).__name__`).
 pub fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "NoneType",
         Value::Bool(_) => "bool",
-        Value::Number(n) if n.is_f64() => "float",
+        Value::Number(n) if !is_int_literal(n) => "float",
         Value::Number(_) => "int",
         Value::String(_) => "str",
         Value::Array(_) => "list",
@@ -85,6 +154,7 @@ pub fn truthy(v: &Value) -> bool {
     match v {
         Value::Null => false,
         Value::Bool(b) => *b,
+        Value::Number(n) if is_int_literal(n) => n.to_string().bytes().any(|d| (b'1'..=b'9').contains(&d)),
         Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
         Value::String(s) => !s.is_empty(),
         Value::Array(a) => !a.is_empty(),
@@ -112,12 +182,16 @@ fn write_repr(out: &mut String, v: &Value) {
         Value::Null => out.push_str("None"),
         Value::Bool(true) => out.push_str("True"),
         Value::Bool(false) => out.push_str("False"),
-        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => out.push_str(&i.to_string()),
-            (None, Some(u), _) => out.push_str(&u.to_string()),
-            (_, _, Some(f)) => out.push_str(&float_repr(f)),
-            _ => out.push_str(&n.to_string()),
-        },
+        Value::Number(n) if is_int_literal(n) => {
+            // Arbitrary precision keeps every digit, as Python's int does.
+            let digits = n.to_string();
+            if digits.trim_start_matches('-').bytes().all(|d| d == b'0') {
+                out.push('0');
+            } else {
+                out.push_str(&digits);
+            }
+        }
+        Value::Number(n) => out.push_str(&float_repr(n.as_f64().unwrap_or(f64::NAN))),
         Value::String(s) => out.push_str(&str_repr(s)),
         Value::Array(items) => {
             out.push('[');
@@ -186,13 +260,48 @@ pub fn str_repr(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c if (0x80..0xa0).contains(&(c as u32)) => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
+            c => match carried_surrogate(c).unwrap_or(c as u32) {
+                u if u < 0x100 && !is_printable(u) => out.push_str(&format!("\\x{u:02x}")),
+                u if u < 0x10000 && !is_printable(u) => out.push_str(&format!("\\u{u:04x}")),
+                u if !is_printable(u) => out.push_str(&format!("\\U{u:08x}")),
+                _ => out.push(c),
+            },
         }
     }
     out.push(quote);
     out
+}
+
+/// `str.isprintable()` for one code point, as `repr` uses it: control and format
+/// characters, separators other than the ASCII space, surrogates and private-use code
+/// points are escaped. (Unassigned code points, which Python also escapes, are shown.)
+fn is_printable(u: u32) -> bool {
+    const NOT_PRINTABLE: &[(u32, u32)] = &[
+        (0x00, 0x1f),
+        (0x7f, 0xa0),
+        (0xad, 0xad),
+        (0x600, 0x605),
+        (0x61c, 0x61c),
+        (0x6dd, 0x6dd),
+        (0x70f, 0x70f),
+        (0x1680, 0x1680),
+        (0x180e, 0x180e),
+        (0x2000, 0x200f),
+        (0x2028, 0x202f),
+        (0x205f, 0x2064),
+        (0x2066, 0x206f),
+        (0x3000, 0x3000),
+        (0xd800, 0xf8ff),
+        (0xfeff, 0xfeff),
+        (0xfff9, 0xfffb),
+        (0x110bd, 0x110bd),
+        (0x1bca0, 0x1bca3),
+        (0x1d173, 0x1d17a),
+        (0xe0001, 0xe0001),
+        (0xe0020, 0xe007f),
+        (0xf0000, 0x10ffff),
+    ];
+    !NOT_PRINTABLE.iter().any(|&(lo, hi)| (lo..=hi).contains(&u))
 }
 
 /// Python's `int(v)` of a decoded JSON value, or the text of the exception it raises.
@@ -204,6 +313,10 @@ pub fn to_int(v: &Value) -> Result<i128, String> {
                 Ok(i128::from(i))
             } else if let Some(u) = n.as_u64() {
                 Ok(i128::from(u))
+            } else if is_int_literal(n) {
+                // Beyond i128: saturate; every caller bounds sizes far below this.
+                let digits = n.to_string();
+                Ok(digits.parse::<i128>().unwrap_or(if digits.starts_with('-') { i128::MIN } else { i128::MAX }))
             } else {
                 let f = n.as_f64().unwrap_or(f64::NAN);
                 if f.is_nan() {

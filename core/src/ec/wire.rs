@@ -31,8 +31,8 @@ pub enum WireError {
     /// A required key is absent (Python's `KeyError` text: the quoted key).
     #[error("'{0}'")]
     MissingKey(&'static str),
-    /// A batch item (or `items` itself) is not the container the op indexes into.
-    #[error("'{0}' object is not subscriptable")]
+    /// A batch item is not an object: the text Python's `item["transfer_id"]` raises.
+    #[error("{}", subscript_error(.0))]
     NotSubscriptable(&'static str),
     /// `items` or `shape` is not a list.
     #[error("'{0}' object is not iterable")]
@@ -52,6 +52,15 @@ pub enum WireError {
     /// A batch larger than the configured limit.
     #[error("{op} carries {count} items; the limit is {limit}")]
     BatchTooLarge { op: &'static str, count: usize, limit: usize },
+}
+
+/// What `x["key"]` raises in Python for a non-dict `x` of type `type_name`.
+fn subscript_error(type_name: &str) -> String {
+    match type_name {
+        "list" => "list indices must be integers or slices, not str".into(),
+        "str" => "string indices must be integers, not 'str'".into(),
+        other => format!("'{other}' object is not subscriptable"),
+    }
 }
 
 /// One `complete` (or `complete_batch` item).
@@ -104,8 +113,7 @@ impl Request {
 
 /// Decodes one request frame.
 pub fn decode_request(frame: &[u8], max_batch_items: usize) -> Result<Request, WireError> {
-    let text = std::str::from_utf8(frame).map_err(|_| WireError::Malformed)?;
-    let value: Value = serde_json::from_str(text).map_err(|_| WireError::Malformed)?;
+    let value = parse_json(frame)?;
     let Value::Object(obj) = value else {
         return Err(WireError::NotAnObject(type_name(&value)));
     };
@@ -135,6 +143,18 @@ pub fn decode_request(frame: &[u8], max_batch_items: usize) -> Result<Request, W
         },
         _ => return Err(WireError::UnknownOp(repr(op))),
     })
+}
+
+/// `json.loads` of a UTF-8 frame, lone surrogates included.
+pub fn parse_json(frame: &[u8]) -> Result<Value, WireError> {
+    let text = std::str::from_utf8(frame).map_err(|_| WireError::Malformed)?;
+    match serde_json::from_str(text) {
+        Ok(v) => Ok(v),
+        Err(_) => {
+            let carried = pyjson::carry_lone_surrogates(text).ok_or(WireError::Malformed)?;
+            serde_json::from_str(&carried).map_err(|_| WireError::Malformed)
+        }
+    }
 }
 
 fn key<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a Value, WireError> {
@@ -357,8 +377,7 @@ pub fn encode_err(error: &str) -> Vec<u8> {
 /// A reply as a client reads it: `Ok(result)` or `Err(error text)`, with the reference
 /// client's rules (falsy `ok` is an error, a missing error text gets a generic one).
 pub fn decode_reply(frame: &[u8]) -> Result<Result<Value, String>, WireError> {
-    let text = std::str::from_utf8(frame).map_err(|_| WireError::Malformed)?;
-    let value: Value = serde_json::from_str(text).map_err(|_| WireError::Malformed)?;
+    let value = parse_json(frame)?;
     let Value::Object(mut obj) = value else {
         return Err(WireError::NotAnObject(type_name(&value)));
     };
