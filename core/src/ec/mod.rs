@@ -5,9 +5,11 @@
 //! [`slab::Slab`]. [`wire`] is the JSON both sides speak.
 
 pub mod config;
+pub mod dataplane;
 pub mod dtype;
 pub mod ids;
 pub mod inbox;
+pub mod producer;
 pub mod pyjson;
 pub mod readiness;
 pub mod request_slot;
