@@ -1288,7 +1288,7 @@ impl Harness {
         book.check_invariants().map_err(|e| format!("book invariant: {e}"))?;
 
         // Memory: the slab's allocations are exactly the model's occupied slots.
-        let allocated: Vec<(u64, u64)> = book.slab().allocations().map(|r| (r.offset, r.len)).collect();
+        let allocated: Vec<(u64, u64)> = book.allocations().iter().map(|r| (r.offset, r.len)).collect();
         let model_slots: Vec<(u64, u64)> =
             (0..self.model.slots.len()).filter(|&s| self.model.slots[s]).map(|s| (s as u64 * SLOT, SLOT)).collect();
         ensure_eq("slab allocations", &allocated, &model_slots)?;

@@ -81,9 +81,96 @@ impl fmt::Debug for ReservationId {
     }
 }
 
+/// An `mm_hash`: any string, held inline when it is 64 lowercase hex chars (a sha256
+/// hex digest, what vLLM uses), else shared text.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MmHash {
+    /// The sha256-hex shape.
+    Hex([u8; 32]),
+    /// Anything else, verbatim.
+    Text(std::sync::Arc<str>),
+}
+
+impl MmHash {
+    /// Wraps a wire string; the same string always yields the same variant.
+    pub fn new(s: &str) -> Self {
+        match parse_hex::<32>(s) {
+            Some(bytes) => MmHash::Hex(bytes),
+            None => MmHash::Text(s.into()),
+        }
+    }
+
+    /// Whether this is the hash `s` names.
+    pub fn matches(&self, s: &str) -> bool {
+        match self {
+            MmHash::Hex(bytes) => parse_hex::<32>(s).is_some_and(|b| &b == bytes),
+            MmHash::Text(t) => &**t == s,
+        }
+    }
+
+    /// The text as a shared string.
+    pub fn to_arc(&self) -> std::sync::Arc<str> {
+        match self {
+            MmHash::Hex(_) => self.to_string().into(),
+            MmHash::Text(t) => t.clone(),
+        }
+    }
+
+    /// FNV-1a of the text: a fixed, seedless hash, so indexes built on it iterate the
+    /// same way in every run.
+    pub fn fingerprint(&self) -> u64 {
+        match self {
+            MmHash::Hex(bytes) => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut h = FNV_OFFSET;
+                for b in bytes {
+                    h = fnv(fnv(h, HEX[usize::from(b >> 4)]), HEX[usize::from(b & 0x0f)]);
+                }
+                h
+            }
+            MmHash::Text(t) => fingerprint_str(t),
+        }
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv(h: u64, b: u8) -> u64 {
+    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+}
+
+/// [`MmHash::fingerprint`] of a wire string.
+pub fn fingerprint_str(s: &str) -> u64 {
+    s.bytes().fold(FNV_OFFSET, fnv)
+}
+
+impl fmt::Display for MmHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MmHash::Hex(bytes) => {
+                for b in bytes {
+                    write!(f, "{b:02x}")?;
+                }
+                Ok(())
+            }
+            MmHash::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+impl fmt::Debug for MmHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
 fn parse_hex32(s: &str) -> Option<[u8; 16]> {
+    parse_hex::<16>(s)
+}
+
+fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
     let b = s.as_bytes();
-    if b.len() != 32 {
+    if b.len() != 2 * N {
         return None;
     }
     let nibble = |c: u8| match c {
@@ -91,7 +178,7 @@ fn parse_hex32(s: &str) -> Option<[u8; 16]> {
         b'a'..=b'f' => Some(c - b'a' + 10),
         _ => None,
     };
-    let mut out = [0u8; 16];
+    let mut out = [0u8; N];
     for (i, pair) in b.chunks_exact(2).enumerate() {
         out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
     }
@@ -118,6 +205,20 @@ mod tests {
         }
         assert!(matches!(TransferId::new("3f2a9c1e3f2a9c1e3f2a9c1e3f2a9c1e"), TransferId::Hex(_)));
         assert!(matches!(TransferId::new("3F2A9C1E3F2A9C1E3F2A9C1E3F2A9C1E"), TransferId::Text(_)));
+    }
+
+    #[test]
+    fn mm_hashes_keep_their_text_and_fingerprint_alike() {
+        let hex = "9c1e".repeat(16);
+        for s in [hex.as_str(), "h1", "", "9C1E"] {
+            let h = MmHash::new(s);
+            assert_eq!(h.to_string(), s);
+            assert!(h.matches(s));
+            assert_eq!(h.fingerprint(), fingerprint_str(s));
+            assert_eq!(&*h.to_arc(), s);
+        }
+        assert!(matches!(MmHash::new(&hex), MmHash::Hex(_)));
+        assert!(!MmHash::new(&hex).matches("h1"));
     }
 
     #[test]

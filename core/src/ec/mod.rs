@@ -15,6 +15,7 @@ pub mod readiness;
 pub mod request_slot;
 pub mod reservations;
 pub mod resident;
+pub mod shapes;
 pub mod shard;
 pub mod slab;
 pub mod state;

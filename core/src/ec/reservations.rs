@@ -6,14 +6,16 @@
 //! producer's abandon — never by a timeout and never by a plain cancel.
 
 use super::dtype::DType;
-use super::ids::{ReservationId, TransferId};
+use super::ids::{fingerprint_str, MmHash, ReservationId, TransferId};
 use super::pyjson::str_repr;
 use super::resident::{EntryId, ResidentPool};
-use super::slab::{Region, Slab, View};
+use super::shapes::{ShapeId, ShapeTable};
+use super::slab::{aligned_size, Region, Slab, View};
 use super::state::State;
 use crate::time::Instant;
 use rand_core::RngCore;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -22,6 +24,11 @@ use thiserror::Error;
 pub const RESERVATION_TTL: Duration = Duration::from_secs(300);
 /// `_MAX_CANCELLED_TRANSFER_IDS`: tombstones kept at most.
 pub const TOMBSTONE_LIMIT: usize = 65536;
+/// Evicted hashes remembered for the scheduler until drained (oldest dropped beyond).
+pub const RECLAIMED_LIMIT: usize = 4096;
+
+/// "No deadline": deferred records, and terminal records' lease.
+const NEVER: Instant = Instant::from_nanos(u64::MAX);
 
 /// What `complete` of a follower answers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -129,27 +136,45 @@ pub struct Taken {
     pub dtype: DType,
 }
 
+/// Where a record's destination lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dest {
+    /// No memory (tombstones, terminal records).
+    None,
+    /// A writer's own region at this slab offset.
+    Own(u64),
+    /// A follower's view of its writer's region at this offset (not owned).
+    Shared(u64),
+    /// A lease on a resident entry, which holds the memory.
+    Lease(EntryId),
+}
+
+/// Writer/follower links, boxed because shared transfers are the exception.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Link {
+    /// This record follows that writer.
+    Writer(TransferId),
+    /// This writer's still-following followers, in arrival order.
+    Followers(Vec<TransferId>),
+}
+
+/// One transfer's reservation, kept compact: the book holds tens of thousands.
 #[derive(Clone, Debug)]
 struct Record {
-    mm_hash: Arc<str>,
+    mm_hash: MmHash,
     /// `None` only for a cancel-before-reserve tombstone (the reference's `""`).
     reservation_id: Option<ReservationId>,
     state: State,
-    shape: Box<[u64]>,
     dtype: DType,
+    shape: ShapeId,
     nbytes: u64,
-    /// The destination: owned by a writer, shared (not owned) by a follower.
-    view: Option<View>,
-    /// A borrow of a resident entry, which then holds the memory.
-    lease: Option<EntryId>,
-    /// `None` = never (deferred and terminal records).
-    expires_at: Option<Instant>,
-    /// Set on a follower: the writer whose destination it shares.
-    writer: Option<TransferId>,
-    /// On a writer: its still-following followers, in arrival order.
-    followers: Vec<TransferId>,
-    /// On a terminal record: its place in the tombstone order and its deadline.
-    tombstone: Option<(u64, Instant)>,
+    dest: Dest,
+    /// Active: when the lease lapses ([`NEVER`] when deferred). Terminal: when the
+    /// tombstone goes.
+    deadline: Instant,
+    /// Terminal records: place in the tombstone order.
+    tomb_seq: u64,
+    link: Option<Box<Link>>,
 }
 
 impl Record {
@@ -157,6 +182,37 @@ impl Record {
         match self.reservation_id {
             Some(id) => ReservationId::parse(wire) == Some(id),
             None => wire.is_empty(),
+        }
+    }
+
+    fn writer(&self) -> Option<&TransferId> {
+        match self.link.as_deref() {
+            Some(Link::Writer(w)) => Some(w),
+            _ => None,
+        }
+    }
+
+    fn is_follower(&self) -> bool {
+        self.writer().is_some()
+    }
+
+    fn followers(&self) -> &[TransferId] {
+        match self.link.as_deref() {
+            Some(Link::Followers(f)) => f,
+            _ => &[],
+        }
+    }
+
+    fn view_at(&self, offset: u64) -> View {
+        let len = aligned_size(self.nbytes).unwrap_or(0);
+        View { region: Region { offset, len }, nbytes: self.nbytes }
+    }
+
+    /// The record's own region, if it owns one.
+    fn owned(&self) -> Option<View> {
+        match self.dest {
+            Dest::Own(offset) => Some(self.view_at(offset)),
+            _ => None,
         }
     }
 }
@@ -168,16 +224,20 @@ pub struct ReservationBook<R> {
     rng: R,
     slab: Slab,
     resident: ResidentPool,
+    shapes: ShapeTable,
     records: BTreeMap<TransferId, Record>,
-    /// `mm_hash` -> its WRITING writer, for followers to join.
-    writers: BTreeMap<Arc<str>, TransferId>,
+    /// WRITING writers by `mm_hash` fingerprint, for followers to join; a lookup checks
+    /// the record's hash, so fingerprint collisions cost a comparison, nothing more.
+    writers: BTreeSet<(u64, TransferId)>,
     /// Terminal records oldest first.
     tombstones: BTreeMap<u64, TransferId>,
     next_tombstone: u64,
+    /// No active record's deadline is earlier: `expire` before it has nothing to do.
+    next_due: Instant,
     /// Followers published READY by a writer's completion, for `drain_ready`.
     ready: Vec<TransferId>,
     /// Resident hashes evicted under pool pressure, reported to the scheduler.
-    reclaimed: Vec<Arc<str>>,
+    reclaimed: VecDeque<Arc<str>>,
     shutting_down: bool,
 }
 
@@ -189,12 +249,14 @@ impl<R: RngCore> ReservationBook<R> {
             rng,
             slab: Slab::new(pool_bytes),
             resident: ResidentPool::default(),
+            shapes: ShapeTable::default(),
             records: BTreeMap::new(),
-            writers: BTreeMap::new(),
+            writers: BTreeSet::new(),
             tombstones: BTreeMap::new(),
             next_tombstone: 0,
+            next_due: NEVER,
             ready: Vec::new(),
-            reclaimed: Vec::new(),
+            reclaimed: VecDeque::new(),
             shutting_down: false,
         }
     }
@@ -206,28 +268,33 @@ impl<R: RngCore> ReservationBook<R> {
             return Err(ReserveError::ShuttingDown);
         }
         let tid = TransferId::new(&req.transfer_id);
-        if let Some(rec) = self.records.get_mut(&tid) {
+        if let Some(rec) = self.records.get(&tid) {
             match rec.state {
                 State::Cancelled => return Ok(Reserved::Cancelled),
-                State::Expired => {
-                    self.forget(&tid);
-                }
+                State::Expired => self.forget(&tid),
                 State::ExpirePending => return Err(ReserveError::ActiveWriter(req.transfer_id.clone())),
                 state => {
-                    if *rec.mm_hash != *req.mm_hash || *rec.shape != *req.shape || rec.dtype != req.dtype {
+                    if !rec.mm_hash.matches(&req.mm_hash)
+                        || self.shapes.get(rec.shape) != req.shape.as_slice()
+                        || rec.dtype != req.dtype
+                    {
                         return Err(ReserveError::ConflictingReservation);
                     }
                     if state == State::CancelPending {
                         return Ok(Reserved::Cancelled);
                     }
+                    let view = self.view_of(rec);
+                    let cached = matches!(rec.dest, Dest::Lease(_));
+                    let reservation_id = rec.reservation_id;
                     if state == State::Writing {
-                        rec.expires_at = Some(now + self.config.ttl);
+                        self.set_deadline(&tid, now + self.config.ttl);
                     }
-                    let cached = rec.lease.is_some();
-                    let rec = rec.clone();
+                    let Some(reservation_id) = reservation_id else {
+                        return Err(ReserveError::ConflictingReservation);
+                    };
                     return Ok(Reserved::Granted {
-                        reservation_id: rec.reservation_id.unwrap_or_else(|| ReservationId::generate(&mut self.rng)),
-                        view: self.view_of(&rec).unwrap_or(View { region: Region { offset: 0, len: 0 }, nbytes: 0 }),
+                        reservation_id,
+                        view: view.unwrap_or(View { region: Region { offset: 0, len: 0 }, nbytes: 0 }),
                         write: false,
                         ready: state == State::Ready,
                         cached,
@@ -238,88 +305,96 @@ impl<R: RngCore> ReservationBook<R> {
         self.reserve_new(tid, req, now)
     }
 
+    fn new_record(
+        &mut self,
+        req: &ReserveRequest,
+        mm_hash: MmHash,
+        state: State,
+        dest: Dest,
+        link: Option<Link>,
+        now: Instant,
+    ) -> Record {
+        let deadline = now + self.config.ttl;
+        self.next_due = self.next_due.min(deadline);
+        Record {
+            mm_hash,
+            reservation_id: Some(ReservationId::generate(&mut self.rng)),
+            state,
+            dtype: req.dtype,
+            shape: self.shapes.intern(&req.shape),
+            nbytes: req.nbytes,
+            dest,
+            deadline,
+            tomb_seq: 0,
+            link: link.map(Box::new),
+        }
+    }
+
     fn reserve_new(&mut self, tid: TransferId, req: &ReserveRequest, now: Instant) -> Result<Reserved, ReserveError> {
-        let expires_at = Some(now + self.config.ttl);
         // Rule 6: a resident copy serves the transfer at once.
         if let Some((entry, e)) = self.resident.lookup(&req.mm_hash) {
             if *e.shape != *req.shape || e.dtype != req.dtype {
                 return Err(ReserveError::ConflictingCached);
             }
-            let (view, mm_hash) = (e.view, e.mm_hash.clone());
+            let view = e.view;
             self.resident.lease(entry);
-            let reservation_id = ReservationId::generate(&mut self.rng);
-            self.records.insert(
-                tid,
-                Record {
-                    mm_hash,
-                    reservation_id: Some(reservation_id),
-                    state: State::Ready,
-                    shape: req.shape.clone().into(),
-                    dtype: req.dtype,
-                    nbytes: req.nbytes,
-                    view: None,
-                    lease: Some(entry),
-                    expires_at,
-                    writer: None,
-                    followers: Vec::new(),
-                    tombstone: None,
-                },
-            );
+            let rec = self.new_record(req, MmHash::new(&req.mm_hash), State::Ready, Dest::Lease(entry), None, now);
+            let reservation_id = rec.reservation_id.unwrap_or_else(|| ReservationId::generate(&mut self.rng));
+            self.records.insert(tid, rec);
             return Ok(Reserved::Granted { reservation_id, view, write: false, ready: true, cached: true });
         }
         // Rule 7: share an in-flight writer's destination.
-        if let Some(writer_tid) = self.writers.get(req.mm_hash.as_str()).cloned() {
-            if let Some(writer) = self.records.get_mut(&writer_tid).filter(|w| w.state == State::Writing) {
-                if *writer.shape != *req.shape || writer.dtype != req.dtype {
-                    return Err(ReserveError::ConflictingInFlight);
-                }
-                writer.followers.push(tid.clone());
-                let (view, mm_hash) = (writer.view, writer.mm_hash.clone());
-                let reservation_id = ReservationId::generate(&mut self.rng);
-                self.records.insert(
-                    tid,
-                    Record {
-                        mm_hash,
-                        reservation_id: Some(reservation_id),
-                        state: State::Writing,
-                        shape: req.shape.clone().into(),
-                        dtype: req.dtype,
-                        nbytes: req.nbytes,
-                        view,
-                        lease: None,
-                        expires_at,
-                        writer: Some(writer_tid),
-                        followers: Vec::new(),
-                        tombstone: None,
-                    },
-                );
-                let view = view.unwrap_or(View { region: Region { offset: 0, len: 0 }, nbytes: 0 });
-                return Ok(Reserved::Granted { reservation_id, view, write: false, ready: false, cached: false });
+        if let Some(writer_tid) = self.writer_for(&req.mm_hash) {
+            let Some(writer) = self.records.get(&writer_tid) else { return Err(ReserveError::ConflictingInFlight) };
+            if self.shapes.get(writer.shape) != req.shape.as_slice() || writer.dtype != req.dtype {
+                return Err(ReserveError::ConflictingInFlight);
             }
+            let (offset, mm_hash) = match writer.dest {
+                Dest::Own(offset) => (offset, writer.mm_hash.clone()),
+                _ => return Err(ReserveError::ConflictingInFlight),
+            };
+            let view = writer.view_at(offset);
+            let rec = self.new_record(
+                req,
+                mm_hash,
+                State::Writing,
+                Dest::Shared(offset),
+                Some(Link::Writer(writer_tid.clone())),
+                now,
+            );
+            let reservation_id = rec.reservation_id.unwrap_or_else(|| ReservationId::generate(&mut self.rng));
+            if let Some(writer) = self.records.get_mut(&writer_tid) {
+                match writer.link.as_deref_mut() {
+                    Some(Link::Followers(f)) => f.push(tid.clone()),
+                    _ => writer.link = Some(Box::new(Link::Followers(vec![tid.clone()]))),
+                }
+            }
+            self.records.insert(tid, rec);
+            return Ok(Reserved::Granted { reservation_id, view, write: false, ready: false, cached: false });
         }
         // Rule 8: allocate, reaping and then evicting residents under pressure.
         let view = self.allocate(req.nbytes, now).ok_or(ReserveError::PoolFull)?;
-        let mm_hash: Arc<str> = Arc::from(req.mm_hash.as_str());
-        let reservation_id = ReservationId::generate(&mut self.rng);
-        self.writers.insert(mm_hash.clone(), tid.clone());
-        self.records.insert(
-            tid,
-            Record {
-                mm_hash,
-                reservation_id: Some(reservation_id),
-                state: State::Writing,
-                shape: req.shape.clone().into(),
-                dtype: req.dtype,
-                nbytes: req.nbytes,
-                view: Some(view),
-                lease: None,
-                expires_at,
-                writer: None,
-                followers: Vec::new(),
-                tombstone: None,
-            },
-        );
+        let mm_hash = MmHash::new(&req.mm_hash);
+        self.writers.insert((mm_hash.fingerprint(), tid.clone()));
+        let rec = self.new_record(req, mm_hash, State::Writing, Dest::Own(view.region.offset), None, now);
+        let reservation_id = rec.reservation_id.unwrap_or_else(|| ReservationId::generate(&mut self.rng));
+        self.records.insert(tid, rec);
         Ok(Reserved::Granted { reservation_id, view, write: true, ready: false, cached: false })
+    }
+
+    /// The WRITING writer of `mm_hash`, if any.
+    fn writer_for(&self, mm_hash: &str) -> Option<TransferId> {
+        let fp = fingerprint_str(mm_hash);
+        self.writers
+            .range((Bound::Included((fp, TransferId::Hex([0; 16]))), Bound::Unbounded))
+            .take_while(|(f, _)| *f == fp)
+            .map(|(_, t)| t)
+            .find(|t| {
+                self.records
+                    .get(*t)
+                    .is_some_and(|r| r.state == State::Writing && !r.is_follower() && r.mm_hash.matches(mm_hash))
+            })
+            .cloned()
     }
 
     fn allocate(&mut self, nbytes: u64, now: Instant) -> Option<View> {
@@ -334,7 +409,10 @@ impl<R: RngCore> ReservationBook<R> {
             let (mm_hash, view) = self.resident.evict_one()?;
             tracing::debug!(mm_hash = %mm_hash, "evicting resident tensor under pool pressure");
             self.free(view);
-            self.reclaimed.push(mm_hash);
+            if self.reclaimed.len() >= RECLAIMED_LIMIT {
+                self.reclaimed.pop_front();
+            }
+            self.reclaimed.push_back(mm_hash);
         }
     }
 
@@ -350,7 +428,7 @@ impl<R: RngCore> ReservationBook<R> {
         if rec.state == State::Ready {
             return (true, false);
         }
-        if rec.writer.is_some() {
+        if rec.is_follower() {
             return match self.config.follower_completion {
                 FollowerCompletion::Reject => (false, false),
                 FollowerCompletion::AcceptNoop => (true, false),
@@ -370,9 +448,7 @@ impl<R: RngCore> ReservationBook<R> {
             return (false, false);
         }
         self.set_state(&tid, State::Ready);
-        if let Some(rec) = self.records.get_mut(&tid) {
-            rec.expires_at = Some(now + self.config.ttl);
-        }
+        self.set_deadline(&tid, now + self.config.ttl);
         (true, true)
     }
 
@@ -380,29 +456,32 @@ impl<R: RngCore> ReservationBook<R> {
     /// pool: every one of them (and the writer) gets a lease and the followers turn READY.
     fn publish_followers(&mut self, tid: &TransferId, now: Instant) {
         let Some(writer) = self.records.get_mut(tid) else { return };
-        if writer.followers.is_empty() {
+        if writer.followers().is_empty() {
             return;
         }
-        let followers = std::mem::take(&mut writer.followers);
-        let Some(view) = writer.view.take() else { return };
-        let (mm_hash, shape, dtype) = (writer.mm_hash.clone(), writer.shape.clone(), writer.dtype);
+        let Some(view) = writer.owned() else { return };
+        let followers = match writer.link.take().map(|l| *l) {
+            Some(Link::Followers(f)) => f,
+            _ => Vec::new(),
+        };
+        let (mm_hash, shape, dtype) = (writer.mm_hash.to_arc(), writer.shape, writer.dtype);
+        let shape: Box<[u64]> = self.shapes.get(shape).into();
         let (entry, displaced) = self.resident.publish(mm_hash, view, shape, dtype, false);
         if let Some(v) = displaced {
             self.free(v);
         }
         self.resident.lease(entry);
         if let Some(writer) = self.records.get_mut(tid) {
-            writer.lease = Some(entry);
+            writer.dest = Dest::Lease(entry);
         }
         for f in followers {
             self.resident.lease(entry);
             self.set_state(&f, State::Ready);
             if let Some(rec) = self.records.get_mut(&f) {
-                rec.writer = None;
-                rec.view = None;
-                rec.lease = Some(entry);
-                rec.expires_at = Some(now + self.config.ttl);
+                rec.link = None;
+                rec.dest = Dest::Lease(entry);
             }
+            self.set_deadline(&f, now + self.config.ttl);
             self.ready.push(f);
         }
     }
@@ -419,21 +498,20 @@ impl<R: RngCore> ReservationBook<R> {
         let tid = TransferId::new(transfer_id);
         let Some(rec) = self.records.get(&tid) else {
             // Rule 2: cancel before reserve leaves a tombstone the later reserve will find.
+            let shape = self.shapes.intern(&[]);
             self.records.insert(
                 tid.clone(),
                 Record {
-                    mm_hash: Arc::from(""),
+                    mm_hash: MmHash::new(""),
                     reservation_id: None,
                     state: State::Cancelled,
-                    shape: Box::new([]),
                     dtype: DType::Float16,
+                    shape,
                     nbytes: 0,
-                    view: None,
-                    lease: None,
-                    expires_at: None,
-                    writer: None,
-                    followers: Vec::new(),
-                    tombstone: None,
+                    dest: Dest::None,
+                    deadline: NEVER,
+                    tomb_seq: 0,
+                    link: None,
                 },
             );
             self.push_tombstone(&tid, now);
@@ -444,7 +522,7 @@ impl<R: RngCore> ReservationBook<R> {
             return false;
         }
         let state = rec.state;
-        let follower = rec.writer.is_some();
+        let follower = rec.is_follower();
         if state == State::Cancelled {
             self.push_tombstone(&tid, now);
             self.reap_tombstones(now);
@@ -480,26 +558,30 @@ impl<R: RngCore> ReservationBook<R> {
 
     /// Expiry (spec 3.6): READY past its deadline expires, a WRITING follower is
     /// cancelled, a WRITING writer is deferred; then old tombstones go. Returns how many
-    /// READY records expired.
+    /// READY records expired. Before the earliest deadline it costs one comparison.
     pub fn expire(&mut self, now: Instant) -> usize {
-        let due: Vec<TransferId> = self
-            .records
-            .iter()
-            .filter(|(_, r)| r.state.is_active() && r.expires_at.is_some_and(|t| t <= now))
-            .map(|(tid, _)| tid.clone())
-            .collect();
         let mut expired = 0;
-        for tid in due {
-            let Some(rec) = self.records.get(&tid) else { continue };
-            match (rec.state, rec.writer.is_some()) {
-                (State::Ready, _) => {
-                    self.terminate(&tid, State::Expired, now);
-                    expired += 1;
+        if now >= self.next_due {
+            let due: Vec<TransferId> = self
+                .records
+                .iter()
+                .filter(|(_, r)| r.state.is_active() && r.deadline <= now)
+                .map(|(tid, _)| tid.clone())
+                .collect();
+            for tid in due {
+                let Some(rec) = self.records.get(&tid) else { continue };
+                match (rec.state, rec.is_follower()) {
+                    (State::Ready, _) => {
+                        self.terminate(&tid, State::Expired, now);
+                        expired += 1;
+                    }
+                    (State::Writing, true) => self.terminate(&tid, State::Cancelled, now),
+                    (State::Writing, false) => self.defer(&tid, State::ExpirePending),
+                    _ => {}
                 }
-                (State::Writing, true) => self.terminate(&tid, State::Cancelled, now),
-                (State::Writing, false) => self.defer(&tid, State::ExpirePending),
-                _ => {}
             }
+            self.next_due =
+                self.records.values().filter(|r| r.state.is_active()).map(|r| r.deadline).min().unwrap_or(NEVER);
         }
         self.reap_tombstones(now);
         expired
@@ -512,11 +594,11 @@ impl<R: RngCore> ReservationBook<R> {
             return None;
         }
         Some(Status {
-            mm_hash: rec.mm_hash.clone(),
+            mm_hash: rec.mm_hash.to_arc(),
             ready: rec.state == State::Ready,
             reservation_id: rec.reservation_id,
             nbytes: rec.nbytes,
-            shape: rec.shape.clone(),
+            shape: self.shapes.get(rec.shape).into(),
             dtype: rec.dtype,
         })
     }
@@ -526,7 +608,8 @@ impl<R: RngCore> ReservationBook<R> {
         std::mem::take(&mut self.ready).into_iter().map(|t| t.to_string()).collect()
     }
 
-    /// Resident hashes evicted under pool pressure since the last call.
+    /// Resident hashes evicted under pool pressure since the last call (at most the
+    /// newest [`RECLAIMED_LIMIT`]).
     pub fn drain_reclaimed(&mut self) -> Vec<String> {
         std::mem::take(&mut self.reclaimed).into_iter().map(|h| h.to_string()).collect()
     }
@@ -537,26 +620,32 @@ impl<R: RngCore> ReservationBook<R> {
         let tid = TransferId::new(transfer_id);
         let not_ready = || TakeError { mm_hash: mm_hash.to_string() };
         let rec = self.records.get(&tid).ok_or_else(not_ready)?;
-        if rec.state != State::Ready || *rec.mm_hash != *mm_hash || (rec.view.is_none() && rec.lease.is_none()) {
+        if rec.state != State::Ready
+            || !rec.mm_hash.matches(mm_hash)
+            || matches!(rec.dest, Dest::None | Dest::Shared(_))
+        {
             return Err(not_ready());
         }
         let rec = self.records.remove(&tid).ok_or_else(not_ready)?;
-        let view = match (rec.lease, rec.view) {
-            (Some(entry), _) => {
+        let shape: Box<[u64]> = self.shapes.get(rec.shape).into();
+        self.shapes.release(rec.shape);
+        let view = match rec.dest {
+            Dest::Lease(entry) => {
                 let view = self.resident.get(entry).map(|e| e.view);
                 self.resident.pin_from_lease(entry);
                 view.ok_or_else(not_ready)?
             }
-            (None, Some(view)) => {
-                let (_, displaced) = self.resident.publish(rec.mm_hash, view, rec.shape.clone(), rec.dtype, true);
+            Dest::Own(offset) => {
+                let view = rec.view_at(offset);
+                let (_, displaced) = self.resident.publish(rec.mm_hash.to_arc(), view, shape.clone(), rec.dtype, true);
                 if let Some(v) = displaced {
                     self.free(v);
                 }
                 view
             }
-            (None, None) => return Err(not_ready()),
+            Dest::None | Dest::Shared(_) => return Err(not_ready()),
         };
-        Ok(Taken { view, shape: rec.shape, dtype: rec.dtype })
+        Ok(Taken { view, shape, dtype: rec.dtype })
     }
 
     /// The encoder cache dropped `mm_hash`: its resident copies become evictable.
@@ -573,7 +662,7 @@ impl<R: RngCore> ReservationBook<R> {
         let ids: Vec<TransferId> = self.records.keys().cloned().collect();
         for tid in &ids {
             if let Some(rec) = self.records.get(tid) {
-                if rec.state == State::Ready || (rec.state == State::Writing && rec.writer.is_some()) {
+                if rec.state == State::Ready || (rec.state == State::Writing && rec.is_follower()) {
                     self.terminate(tid, State::Cancelled, now);
                 }
             }
@@ -634,15 +723,32 @@ impl<R: RngCore> ReservationBook<R> {
     pub fn writer_owned_regions(&self) -> Vec<Region> {
         self.records
             .values()
-            .filter(|r| r.state.is_writer_owned() && r.writer.is_none())
-            .filter_map(|r| r.view.map(|v| v.region))
+            .filter(|r| r.state.is_writer_owned() && !r.is_follower())
+            .filter_map(|r| r.owned().map(|v| v.region))
             .collect()
     }
 
+    /// Every region handed out, in address order: writers' own regions and resident
+    /// entries. Equal to what the slab has handed out (see [`Self::check_invariants`]).
+    pub fn allocations(&self) -> Vec<Region> {
+        let mut owned: Vec<Region> = self.records.values().filter_map(|r| r.owned().map(|v| v.region)).collect();
+        owned.extend(self.resident.entries().map(|(_, e)| e.view.region));
+        owned.sort();
+        owned
+    }
+
     fn view_of(&self, rec: &Record) -> Option<View> {
-        match rec.lease {
-            Some(entry) => self.resident.get(entry).map(|e| e.view),
-            None => rec.view,
+        match rec.dest {
+            Dest::Lease(entry) => self.resident.get(entry).map(|e| e.view),
+            Dest::Own(offset) | Dest::Shared(offset) => Some(rec.view_at(offset)),
+            Dest::None => None,
+        }
+    }
+
+    fn set_deadline(&mut self, tid: &TransferId, deadline: Instant) {
+        if let Some(rec) = self.records.get_mut(tid) {
+            rec.deadline = deadline;
+            self.next_due = self.next_due.min(deadline);
         }
     }
 
@@ -662,7 +768,7 @@ impl<R: RngCore> ReservationBook<R> {
         self.set_state(tid, to);
         self.unindex_writer(tid);
         if let Some(rec) = self.records.get_mut(tid) {
-            rec.expires_at = None;
+            rec.deadline = NEVER;
         }
     }
 
@@ -672,33 +778,37 @@ impl<R: RngCore> ReservationBook<R> {
         self.set_state(tid, to);
         self.unindex_writer(tid);
         let Some(rec) = self.records.get_mut(tid) else { return };
-        rec.expires_at = None;
-        let writer = rec.writer.take();
-        let view = rec.view.take();
-        let lease = rec.lease.take();
-        let followers = std::mem::take(&mut rec.followers);
-        match writer {
+        let dest = std::mem::replace(&mut rec.dest, Dest::None);
+        let link = rec.link.take().map(|l| *l);
+        let nbytes = rec.nbytes;
+        match link {
             // A follower never owns memory: it only unlinks.
-            Some(w) => {
-                if let Some(wr) = self.records.get_mut(&w) {
-                    wr.followers.retain(|f| f != tid);
+            Some(Link::Writer(w)) => {
+                if let Some(Link::Followers(f)) = self.records.get_mut(&w).and_then(|wr| wr.link.as_deref_mut()) {
+                    f.retain(|x| x != tid);
                 }
             }
-            None => {
-                if let Some(v) = view {
-                    self.free(v);
-                }
-                if let Some(entry) = lease {
-                    if let Some(v) = self.resident.release(entry) {
-                        self.free(v);
+            other => {
+                match dest {
+                    Dest::Own(offset) => {
+                        let len = aligned_size(nbytes).unwrap_or(0);
+                        self.free(View { region: Region { offset, len }, nbytes });
                     }
-                }
-                for f in followers {
-                    if let Some(fr) = self.records.get_mut(&f) {
-                        fr.writer = None;
-                        fr.view = None;
+                    Dest::Lease(entry) => {
+                        if let Some(v) = self.resident.release(entry) {
+                            self.free(v);
+                        }
                     }
-                    self.terminate(&f, State::Cancelled, now);
+                    Dest::None | Dest::Shared(_) => {}
+                }
+                if let Some(Link::Followers(followers)) = other {
+                    for f in followers {
+                        if let Some(fr) = self.records.get_mut(&f) {
+                            fr.link = None;
+                            fr.dest = Dest::None;
+                        }
+                        self.terminate(&f, State::Cancelled, now);
+                    }
                 }
             }
         }
@@ -708,9 +818,7 @@ impl<R: RngCore> ReservationBook<R> {
 
     fn unindex_writer(&mut self, tid: &TransferId) {
         if let Some(rec) = self.records.get(tid) {
-            if self.writers.get(&rec.mm_hash) == Some(tid) {
-                self.writers.remove(&rec.mm_hash);
-            }
+            self.writers.remove(&(rec.mm_hash.fingerprint(), tid.clone()));
         }
     }
 
@@ -720,9 +828,11 @@ impl<R: RngCore> ReservationBook<R> {
         self.next_tombstone += 1;
         let deadline = now + self.config.ttl;
         if let Some(rec) = self.records.get_mut(tid) {
-            if let Some((old, _)) = rec.tombstone.replace((seq, deadline)) {
-                self.tombstones.remove(&old);
+            if self.tombstones.get(&rec.tomb_seq) == Some(tid) {
+                self.tombstones.remove(&rec.tomb_seq);
             }
+            rec.tomb_seq = seq;
+            rec.deadline = deadline;
             self.tombstones.insert(seq, tid.clone());
         }
     }
@@ -730,24 +840,31 @@ impl<R: RngCore> ReservationBook<R> {
     /// Drops tombstones from the oldest while they are past their deadline or too many.
     fn reap_tombstones(&mut self, now: Instant) {
         while let Some((&seq, tid)) = self.tombstones.first_key_value() {
-            let deadline = self.records.get(tid).and_then(|r| r.tombstone).map(|(_, d)| d);
+            let deadline = self.records.get(tid).map(|r| r.deadline);
             let over = self.tombstones.len() > self.config.tombstone_limit;
             if !over && deadline.is_some_and(|d| d > now) {
                 break;
             }
             let tid = tid.clone();
             self.tombstones.remove(&seq);
-            self.records.remove(&tid);
+            self.remove_record(&tid);
         }
     }
 
     /// Removes a terminal record and its tombstone (an EXPIRED record replaced by a new
     /// reservation of the same transfer).
     fn forget(&mut self, tid: &TransferId) {
-        if let Some(rec) = self.records.remove(tid) {
-            if let Some((seq, _)) = rec.tombstone {
-                self.tombstones.remove(&seq);
+        if let Some(rec) = self.records.get(tid) {
+            if self.tombstones.get(&rec.tomb_seq) == Some(tid) {
+                self.tombstones.remove(&rec.tomb_seq);
             }
+        }
+        self.remove_record(tid);
+    }
+
+    fn remove_record(&mut self, tid: &TransferId) {
+        if let Some(rec) = self.records.remove(tid) {
+            self.shapes.release(rec.shape);
         }
     }
 
@@ -764,48 +881,66 @@ impl<R: RngCore> ReservationBook<R> {
         self.slab.check()?;
         // Memory: what the slab has handed out is exactly what writers and resident
         // entries own, each region once.
-        let mut owned: Vec<Region> = Vec::new();
-        for (tid, r) in &self.records {
-            if r.writer.is_none() {
-                if let Some(v) = r.view {
-                    owned.push(v.region);
-                    if r.lease.is_some() {
-                        return Err(format!("{tid:?} owns memory and holds a lease"));
-                    }
-                }
+        let owned = self.allocations();
+        let mut total = 0;
+        for (i, r) in owned.iter().enumerate() {
+            if i > 0 && owned[i - 1].end() > r.offset {
+                return Err(format!("regions {:?} and {r:?} overlap", owned[i - 1]));
             }
-            if r.state.is_writer_owned() && r.writer.is_none() && r.view.is_none() {
+            if !self.slab.is_allocated(*r) {
+                return Err(format!("owned region {r:?} is free in the slab"));
+            }
+            total += r.len;
+        }
+        if total != self.slab.used_bytes() {
+            return Err(format!("owned regions cover {total} bytes, the slab handed out {}", self.slab.used_bytes()));
+        }
+        let mut shape_refs: BTreeMap<ShapeId, u32> = BTreeMap::new();
+        for (tid, r) in &self.records {
+            *shape_refs.entry(r.shape).or_default() += 1;
+            if r.state.is_writer_owned() && !r.is_follower() && r.owned().is_none() {
                 return Err(format!("writer-owned writer {tid:?} ({}) lost its destination", r.state));
             }
-            if r.state.is_terminal() != r.tombstone.is_some() {
-                return Err(format!("{tid:?} in {} has tombstone {:?}", r.state, r.tombstone));
+            let listed = self.tombstones.get(&r.tomb_seq) == Some(tid);
+            if r.state.is_terminal() != listed {
+                return Err(format!("{tid:?} in {} tombstone listing {listed}", r.state));
             }
-            if r.state.is_terminal() && (r.view.is_some() || r.lease.is_some() || r.writer.is_some()) {
-                return Err(format!("terminal {tid:?} still holds memory"));
+            if r.state.is_terminal() && (r.dest != Dest::None || r.link.is_some()) {
+                return Err(format!("terminal {tid:?} still holds memory or links"));
             }
-            if r.state.is_deferred() != (r.state.is_active() && r.expires_at.is_none()) {
-                return Err(format!("{tid:?} in {} has deadline {:?}", r.state, r.expires_at));
+            if r.state.is_active() && r.state.is_deferred() != (r.deadline == NEVER) {
+                return Err(format!("{tid:?} in {} has deadline {}", r.state, r.deadline));
             }
-            if let Some(w) = &r.writer {
+            if r.state.is_active() && r.deadline < self.next_due {
+                return Err(format!("{tid:?} is due at {} before next_due {}", r.deadline, self.next_due));
+            }
+            if let Some(w) = r.writer() {
                 let writer = self.records.get(w).ok_or_else(|| format!("follower {tid:?} of missing writer {w:?}"))?;
-                if !writer.followers.contains(tid) || writer.view != r.view || r.state != State::Writing {
+                let shares = matches!((r.dest, writer.dest), (Dest::Shared(a), Dest::Own(b)) if a == b);
+                if !writer.followers().contains(tid) || !shares || r.state != State::Writing {
                     return Err(format!("follower {tid:?} is not linked to writer {w:?}"));
                 }
+            } else if matches!(r.dest, Dest::Shared(_)) {
+                return Err(format!("{tid:?} shares a destination without a writer"));
             }
-            for f in &r.followers {
-                if self.records.get(f).and_then(|fr| fr.writer.as_ref()) != Some(tid) {
+            for f in r.followers() {
+                if self.records.get(f).and_then(|fr| fr.writer()) != Some(tid) {
                     return Err(format!("writer {tid:?} lists {f:?} which does not follow it"));
                 }
             }
         }
+        for (id, refs) in self.shapes.iter() {
+            if shape_refs.get(&id).copied().unwrap_or(0) != refs {
+                return Err(format!("shape {id} counts {refs} references, records hold {:?}", shape_refs.get(&id)));
+            }
+        }
         let mut leases: BTreeMap<EntryId, u32> = BTreeMap::new();
         for r in self.records.values() {
-            if let Some(e) = r.lease {
+            if let Dest::Lease(e) = r.dest {
                 *leases.entry(e).or_default() += 1;
             }
         }
         for (id, e) in self.resident.entries() {
-            owned.push(e.view.region);
             if leases.get(&id).copied().unwrap_or(0) != e.leases {
                 return Err(format!(
                     "resident entry {id} counts {} leases, records hold {:?}",
@@ -814,24 +949,18 @@ impl<R: RngCore> ReservationBook<R> {
                 ));
             }
         }
-        owned.sort();
-        let allocated: Vec<Region> = self.slab.allocations().collect();
-        if owned != allocated {
-            return Err(format!("owned regions {owned:?} != slab allocations {allocated:?}"));
-        }
         if self.tombstones.len() > self.config.tombstone_limit {
             return Err(format!("{} tombstones over the limit {}", self.tombstones.len(), self.config.tombstone_limit));
         }
-        let terminal: BTreeSet<&TransferId> =
-            self.records.iter().filter(|(_, r)| r.state.is_terminal()).map(|(t, _)| t).collect();
-        let listed: BTreeSet<&TransferId> = self.tombstones.values().collect();
-        if terminal != listed || listed.len() != self.tombstones.len() {
-            return Err("tombstone order does not match terminal records".into());
+        for (seq, tid) in &self.tombstones {
+            if self.records.get(tid).is_none_or(|r| r.tomb_seq != *seq || !r.state.is_terminal()) {
+                return Err(format!("tombstone {seq} -> {tid:?} is stale"));
+            }
         }
-        for (hash, tid) in &self.writers {
+        for (fp, tid) in &self.writers {
             match self.records.get(tid) {
-                Some(r) if r.state == State::Writing && r.writer.is_none() && r.mm_hash == *hash => {}
-                _ => return Err(format!("writer index {hash} -> {tid:?} is stale")),
+                Some(r) if r.state == State::Writing && !r.is_follower() && r.mm_hash.fingerprint() == *fp => {}
+                _ => return Err(format!("writer index {fp:x} -> {tid:?} is stale")),
             }
         }
         Ok(())

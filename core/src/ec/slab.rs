@@ -54,10 +54,10 @@ pub fn aligned_size(nbytes: u64) -> Option<u64> {
 #[derive(Clone, Debug)]
 pub struct Slab {
     size: u64,
-    /// Free blocks by offset; adjacent blocks are always merged.
+    /// Free blocks by offset; adjacent blocks are always merged. Live regions are not
+    /// listed: their owners (the reservation book) know them, and a free that overlaps a
+    /// free block is caught as a double free.
     free: BTreeMap<u64, u64>,
-    /// Live regions by offset, so a double free is caught instead of corrupting the list.
-    used: BTreeMap<u64, u64>,
     used_bytes: u64,
 }
 
@@ -69,7 +69,7 @@ impl Slab {
         if size > 0 {
             free.insert(0, size);
         }
-        Slab { size, free, used: BTreeMap::new(), used_bytes: 0 }
+        Slab { size, free, used_bytes: 0 }
     }
 
     /// Usable bytes.
@@ -90,17 +90,15 @@ impl Slab {
         if block > len {
             self.free.insert(offset + len, block - len);
         }
-        self.used.insert(offset, len);
         self.used_bytes += len;
         Some(View { region: Region { offset, len }, nbytes })
     }
 
     /// Returns a region to the free list, merging it with its free neighbours.
     pub fn free(&mut self, region: Region) -> Result<(), SlabError> {
-        if self.used.get(&region.offset) != Some(&region.len) {
+        if !self.is_allocated(region) {
             return Err(SlabError::NotAllocated { offset: region.offset, len: region.len });
         }
-        self.used.remove(&region.offset);
         self.used_bytes -= region.len;
         let mut offset = region.offset;
         let mut len = region.len;
@@ -119,9 +117,35 @@ impl Slab {
         Ok(())
     }
 
-    /// Live regions in address order.
-    pub fn allocations(&self) -> impl Iterator<Item = Region> + '_ {
-        self.used.iter().map(|(&offset, &len)| Region { offset, len })
+    /// Whether every byte of `region` is handed out (inside the slab, aligned, and
+    /// overlapping no free block).
+    pub fn is_allocated(&self, region: Region) -> bool {
+        let aligned = region.offset % ALIGNMENT == 0 && region.len % ALIGNMENT == 0 && region.len > 0;
+        let inside = region.offset.checked_add(region.len).is_some_and(|end| end <= self.size);
+        if !aligned || !inside {
+            return false;
+        }
+        let before = self.free.range(..=region.offset).next_back();
+        if before.is_some_and(|(&off, &len)| off + len > region.offset) {
+            return false;
+        }
+        self.free.range(region.offset..region.end()).next().is_none()
+    }
+
+    /// Spans of handed-out memory in address order (adjacent regions merged).
+    pub fn allocated_spans(&self) -> Vec<Region> {
+        let mut spans = Vec::new();
+        let mut cursor = 0;
+        for (&off, &len) in &self.free {
+            if off > cursor {
+                spans.push(Region { offset: cursor, len: off - cursor });
+            }
+            cursor = off + len;
+        }
+        if cursor < self.size {
+            spans.push(Region { offset: cursor, len: self.size - cursor });
+        }
+        spans
     }
 
     /// Free blocks in address order.
@@ -129,33 +153,29 @@ impl Slab {
         self.free.iter().map(|(&offset, &len)| Region { offset, len })
     }
 
-    /// Checks the allocator's own bookkeeping: used and free blocks tile the slab exactly,
-    /// nothing overlaps, and no two free blocks touch (they would have been merged).
+    /// Checks the allocator's own bookkeeping: free blocks are aligned, inside the slab,
+    /// disjoint and never adjacent (they would have been merged), and the used byte count
+    /// is what they leave.
     pub fn check(&self) -> Result<(), String> {
-        let mut blocks: Vec<(Region, bool)> =
-            self.allocations().map(|r| (r, true)).chain(self.free_blocks().map(|r| (r, false))).collect();
-        blocks.sort();
         let mut cursor = 0;
-        let mut prev_free = false;
-        for (r, used) in &blocks {
-            if r.offset != cursor {
-                return Err(format!("gap or overlap at offset {cursor}: next block {r:?}"));
+        let mut first = true;
+        let mut free_bytes = 0;
+        for (&off, &len) in &self.free {
+            if off % ALIGNMENT != 0 || len % ALIGNMENT != 0 || len == 0 {
+                return Err(format!("misaligned free block at {off} (+{len})"));
             }
-            if r.offset % ALIGNMENT != 0 || r.len % ALIGNMENT != 0 || r.len == 0 {
-                return Err(format!("misaligned block {r:?}"));
+            if !first && off <= cursor {
+                return Err(format!("free block at {off} overlaps or touches the previous one (ends {cursor})"));
             }
-            if !used && prev_free {
-                return Err(format!("free block {r:?} was not coalesced with its neighbour"));
-            }
-            prev_free = !used;
-            cursor = r.end();
+            first = false;
+            cursor = off + len;
+            free_bytes += len;
         }
-        if cursor != self.size {
-            return Err(format!("blocks cover {cursor} of {} bytes", self.size));
+        if cursor > self.size {
+            return Err(format!("free blocks reach {cursor}, past the {}-byte slab", self.size));
         }
-        let used: u64 = self.allocations().map(|r| r.len).sum();
-        if used != self.used_bytes {
-            return Err(format!("used_bytes {} != sum of allocations {used}", self.used_bytes));
+        if free_bytes + self.used_bytes != self.size {
+            return Err(format!("free {free_bytes} + used {} != size {}", self.used_bytes, self.size));
         }
         Ok(())
     }
@@ -180,6 +200,7 @@ mod tests {
         // Too big for the hole: goes after c.
         slab.free(Region { offset: 0, len: 256 }).unwrap();
         assert_eq!(slab.allocate(257).unwrap().region.offset, 1024);
+        assert_eq!(slab.allocated_spans(), vec![Region { offset: 256, len: 1280 }]);
         slab.check().unwrap();
     }
 
@@ -205,6 +226,12 @@ mod tests {
         let a = slab.allocate(10).unwrap().region;
         slab.free(a).unwrap();
         assert_eq!(slab.free(a), Err(SlabError::NotAllocated { offset: 0, len: 256 }));
+        let b = slab.allocate(600).unwrap().region;
+        assert_eq!(b, Region { offset: 0, len: 768 });
+        assert!(slab.free(Region { offset: 512, len: 512 }).is_err(), "reaches into free memory");
+        assert!(slab.free(Region { offset: 4096, len: 256 }).is_err(), "outside the slab");
+        assert!(slab.free(Region { offset: 10, len: 256 }).is_err(), "misaligned");
+        slab.free(b).unwrap();
         slab.check().unwrap();
     }
 
