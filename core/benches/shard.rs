@@ -341,7 +341,7 @@ fn bytes_per_live_reservation(n: u64) -> (f64, std::time::Duration) {
     let after = live_bytes();
     assert_eq!(shard.writer_owned_count() as u64, n);
     assert_eq!(shard.book().len() as u64, n);
-    assert_eq!(shard.book().slab().allocations().count() as u64, n);
+    assert_eq!(shard.book().allocations().len() as u64, n);
     assert_eq!(shard.pending_events(), 0, "events would count as reservation memory");
     assert_eq!(shard.stats().error_replies, 0);
     ((after - before) as f64 / n as f64, elapsed)

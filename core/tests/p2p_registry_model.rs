@@ -702,7 +702,7 @@ impl Harness {
                     }
                 }
                 Action::Transmit { conn, .. } => {
-                    if !self.dealers.get(conn).is_some_and(|d| d.closes == 0) {
+                    if self.dealers.get(conn).is_none_or(|d| d.closes != 0) {
                         return Err(violation(
                             Kind::ClosedTransmit,
                             format!("transmit on DEALER {conn} which is not open"),
