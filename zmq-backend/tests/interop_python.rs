@@ -24,11 +24,7 @@ pub fn python() -> PathBuf {
     let path = std::env::var_os("CTLPLANE_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join(".venv-interop/bin/python"));
-    let ok = Command::new(&path)
-        .args(["-c", "import zmq, msgspec"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    let ok = Command::new(&path).args(["-c", "import zmq, msgspec"]).status().map(|s| s.success()).unwrap_or(false);
     assert!(
         ok,
         "no Python with pyzmq and msgspec at {}: run `python3 -m venv .venv-interop && \
@@ -80,11 +76,7 @@ fn python_producer_and_scheduler_against_a_rust_consumer() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "python client failed: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "python client failed: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
     let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(summary, serde_json::json!({"ok": true, "shards": 3, "events": 3}));
 }
