@@ -147,12 +147,7 @@ pub fn fingerprint_str(s: &str) -> u64 {
 impl fmt::Display for MmHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            MmHash::Hex(bytes) => {
-                for b in bytes {
-                    write!(f, "{b:02x}")?;
-                }
-                Ok(())
-            }
+            MmHash::Hex(bytes) => write_hex(f, bytes),
             MmHash::Text(s) => f.write_str(s),
         }
     }
@@ -185,11 +180,17 @@ fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
-fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8; 16]) -> fmt::Result {
-    for b in bytes {
-        write!(f, "{b:02x}")?;
+/// Lowercase hex of `bytes` in one `write_str` (formatting byte by byte through
+/// `fmt` costs several times more, and ids are written on every reply).
+fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 64];
+    let n = bytes.len().min(32);
+    for (i, b) in bytes[..n].iter().enumerate() {
+        buf[2 * i] = HEX[usize::from(b >> 4)];
+        buf[2 * i + 1] = HEX[usize::from(b & 0x0f)];
     }
-    Ok(())
+    f.write_str(std::str::from_utf8(&buf[..2 * n]).map_err(|_| fmt::Error)?)
 }
 
 #[cfg(test)]

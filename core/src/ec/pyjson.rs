@@ -51,6 +51,9 @@ impl Formatter for PythonFormatter {
     /// `ensure_ascii=True`: everything outside printable ASCII becomes `\uXXXX`
     /// (UTF-16 surrogate pairs above the BMP), as Python's encoder writes it.
     fn write_string_fragment<W: ?Sized + io::Write>(&mut self, w: &mut W, fragment: &str) -> io::Result<()> {
+        if fragment.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+            return w.write_all(fragment.as_bytes());
+        }
         let mut start = 0;
         for (i, c) in fragment.char_indices() {
             if (' '..='~').contains(&c) {
