@@ -200,6 +200,11 @@ fn write_int(out: &mut Vec<u8>, i: i128) {
     }
 }
 
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    write_len(out, s.len(), Some((0xa0, 31)), Some(0xd9), 0xda, 0xdb);
+    out.extend_from_slice(s.as_bytes());
+}
+
 fn write_value(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Nil => out.push(0xc0),
@@ -210,10 +215,7 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
             out.push(0xcb);
             out.extend_from_slice(&x.to_be_bytes());
         }
-        Value::Str(s) => {
-            write_len(out, s.len(), Some((0xa0, 31)), Some(0xd9), 0xda, 0xdb);
-            out.extend_from_slice(s.as_bytes());
-        }
+        Value::Str(s) => write_str(out, s),
         Value::Bin(b) => {
             write_len(out, b.len(), None, Some(0xc4), 0xc5, 0xc6);
             out.extend_from_slice(b);
@@ -227,7 +229,7 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
         Value::Map(entries) => {
             write_len(out, entries.len(), Some((0x80, 15)), None, 0xde, 0xdf);
             for (k, item) in entries {
-                write_value(out, &Value::Str(k.clone()));
+                write_str(out, k);
                 write_value(out, item);
             }
         }
