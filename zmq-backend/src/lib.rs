@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod p2p;
 pub mod replica;
 pub mod requests;
 mod serve_loop;
@@ -16,6 +17,7 @@ mod sockets;
 
 pub use client::{ClientError, ControlClient};
 pub use clock::Clock;
+pub use p2p::{P2pError, TransportOptions, ZmqTransport};
 pub use replica::ConsumerServers;
 pub use requests::{Completion, ReserveSpec};
 pub use server::{BindCause, ConsumerControlServer, ServerOptions, SetupCause, StartError};

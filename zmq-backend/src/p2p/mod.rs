@@ -1,0 +1,56 @@
+//! The P2P KV-tiering control transport on libzmq (mainline T1; T2's frame limit as an
+//! option).
+//!
+//! [`ZmqTransport`] owns the sockets and carries out what the core's
+//! `ConnectionRegistry` decides; [`session_io`] moves one `HandshakeSession`'s frames over
+//! it.
+
+pub mod session_io;
+mod sockets;
+mod transport;
+
+pub use transport::{P2pError, ZmqTransport};
+
+use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
+use ctlplane_core::p2p::T0Switches;
+use std::time::Duration;
+
+/// Socket options and registry bounds; the defaults are the mainline reference's.
+#[derive(Clone, Debug)]
+pub struct TransportOptions {
+    /// `ZMQ_HEARTBEAT_IVL`: a PING every 2 s on every link.
+    pub heartbeat_ivl: Duration,
+    /// `ZMQ_HEARTBEAT_TIMEOUT`: a link silent this long after a PING is dropped, which is
+    /// how a peer that died without closing TCP is noticed.
+    pub heartbeat_timeout: Duration,
+    /// `ZMQ_HEARTBEAT_TTL`: how long the remote may wait for us before dropping the link.
+    pub heartbeat_ttl: Duration,
+    /// T2's frame limit (`ZMQ_MAXMSGSIZE` on every socket and the registry's payload
+    /// bound); `None` = unbounded, as T1.
+    pub max_message_bytes: Option<usize>,
+    /// Most registered peers; `None` = unbounded, as the reference.
+    pub max_peers: Option<usize>,
+    /// Historical behaviours, for regression runs on real sockets.
+    pub t0: T0Switches,
+}
+
+impl Default for TransportOptions {
+    fn default() -> Self {
+        TransportOptions {
+            heartbeat_ivl: Duration::from_millis(2_000),
+            heartbeat_timeout: Duration::from_millis(10_000),
+            heartbeat_ttl: Duration::from_millis(10_000),
+            max_message_bytes: None,
+            max_peers: None,
+            t0: T0Switches::default(),
+        }
+    }
+}
+
+impl TransportOptions {
+    /// The T2 lineage's 64 MiB frame limit on top of the defaults.
+    pub fn with_t2_frame_limit(mut self) -> Self {
+        self.max_message_bytes = Some(MAX_CONTROL_MESSAGE_BYTES);
+        self
+    }
+}

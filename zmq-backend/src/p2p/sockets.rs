@@ -1,0 +1,167 @@
+//! The P2P transport's sockets, built with the reference's options in the reference's
+//! order (`_apply_heartbeat`, then identity, monitor, PAIR, connect), and the libzmq
+//! monitor frame they report disconnects in.
+
+use super::TransportOptions;
+use crate::sockets::millis;
+use ctlplane_core::p2p::MonitorEvent;
+
+/// `ZMQ_EVENT_DISCONNECTED`: the only monitor event the reference subscribes to.
+pub(crate) const EVENT_DISCONNECTED: u16 = 0x0200;
+
+/// Heartbeats (and the T2 frame limit when configured); `IPV6` is left unset, as upstream.
+fn apply_options(socket: &zmq::Socket, options: &TransportOptions) -> zmq::Result<()> {
+    socket.set_heartbeat_ivl(millis(options.heartbeat_ivl))?;
+    socket.set_heartbeat_timeout(millis(options.heartbeat_timeout))?;
+    socket.set_heartbeat_ttl(millis(options.heartbeat_ttl))?;
+    if let Some(limit) = options.max_message_bytes {
+        socket.set_maxmsgsize(i64::try_from(limit).unwrap_or(i64::MAX))?;
+    }
+    Ok(())
+}
+
+/// The zmq crate panics on an endpoint with a NUL byte, and a peer id off the wire may
+/// hold one: refuse it as libzmq refuses any other malformed endpoint.
+fn checked(endpoint: &str) -> zmq::Result<&str> {
+    if endpoint.contains('\0') {
+        Err(zmq::Error::EINVAL)
+    } else {
+        Ok(endpoint)
+    }
+}
+
+/// The ROUTER, options set before `bind`.
+pub(crate) fn bind_router(ctx: &zmq::Context, endpoint: &str, options: &TransportOptions) -> zmq::Result<zmq::Socket> {
+    let router = ctx.socket(zmq::ROUTER)?;
+    apply_options(&router, options)?;
+    if let Err(e) = router.bind(checked(endpoint)?) {
+        close_now(router);
+        return Err(e);
+    }
+    Ok(router)
+}
+
+/// One peer's DEALER and the PAIR reading its monitor.
+pub(crate) struct Dealer {
+    pub dealer: zmq::Socket,
+    pub monitor: zmq::Socket,
+}
+
+impl Dealer {
+    /// DEALER with the heartbeat options and `identity`, monitored for DISCONNECTED on
+    /// `monitor` (read by a PAIR of the same context: inproc endpoints are per context),
+    /// then connected to `endpoint`.
+    pub fn open(
+        ctx: &zmq::Context,
+        endpoint: &str,
+        identity: &str,
+        monitor: &str,
+        options: &TransportOptions,
+    ) -> zmq::Result<Self> {
+        let (endpoint, monitor) = (checked(endpoint)?, checked(monitor)?);
+        let dealer = ctx.socket(zmq::DEALER)?;
+        let pair = match Self::monitored(ctx, &dealer, identity, monitor, options) {
+            Ok(pair) => pair,
+            Err(e) => {
+                close_now(dealer);
+                return Err(e);
+            }
+        };
+        let opened = Dealer { dealer, monitor: pair };
+        if let Err(e) = opened.dealer.connect(endpoint) {
+            opened.close();
+            return Err(e);
+        }
+        Ok(opened)
+    }
+
+    fn monitored(
+        ctx: &zmq::Context,
+        dealer: &zmq::Socket,
+        identity: &str,
+        monitor: &str,
+        options: &TransportOptions,
+    ) -> zmq::Result<zmq::Socket> {
+        apply_options(dealer, options)?;
+        dealer.set_identity(identity.as_bytes())?;
+        dealer.monitor(monitor, i32::from(EVENT_DISCONNECTED))?;
+        let pair = ctx.socket(zmq::PAIR)?;
+        if let Err(e) = pair.connect(monitor) {
+            close_now(pair);
+            return Err(e);
+        }
+        Ok(pair)
+    }
+
+    /// Closes the PAIR, then the DEALER with linger 0: unsent frames to a dead peer must
+    /// not hold the context's termination.
+    pub fn close(self) {
+        close_now(self.monitor);
+        close_now(self.dealer);
+    }
+
+    /// At most one monitor event, without blocking. `Ok(None)`: nothing pending.
+    pub fn monitor_event(&self) -> zmq::Result<Option<MonitorEvent>> {
+        let frames = match self.monitor.recv_multipart(zmq::DONTWAIT) {
+            Ok(frames) => frames,
+            Err(zmq::Error::EAGAIN) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(frames.first().and_then(|f| parse_monitor_frame(f)))
+    }
+}
+
+/// One whole message off `socket` without blocking. The frames of a message arrive
+/// together, so only the first read can find nothing; "more" is read off each frame,
+/// sparing a `getsockopt` per frame on the ROUTER's hot path.
+pub(crate) fn recv_frames(socket: &zmq::Socket) -> zmq::Result<Vec<Vec<u8>>> {
+    let mut frames = Vec::with_capacity(2);
+    loop {
+        let frame = socket.recv_msg(zmq::DONTWAIT)?;
+        let more = frame.get_more();
+        frames.push(frame.to_vec());
+        if !more {
+            return Ok(frames);
+        }
+    }
+}
+
+/// Closes `socket` with linger 0.
+pub(crate) fn close_now(socket: zmq::Socket) {
+    if let Err(error) = socket.set_linger(0) {
+        tracing::debug!(%error, "cannot set LINGER=0 before close");
+    }
+    drop(socket);
+}
+
+/// The event of a libzmq (v1) monitor message's first frame: `u16` event, then `u32`
+/// value, both little-endian on the platforms libzmq runs on here.
+pub(crate) fn parse_monitor_frame(frame: &[u8]) -> Option<MonitorEvent> {
+    let [lo, hi, _, _, _, _] = <[u8; 6]>::try_from(frame).ok()?;
+    Some(match u16::from_le_bytes([lo, hi]) {
+        EVENT_DISCONNECTED => MonitorEvent::Disconnected,
+        other => MonitorEvent::Other(other),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monitor_frames_are_read_and_malformed_ones_ignored() {
+        assert_eq!(parse_monitor_frame(&[0x00, 0x02, 7, 0, 0, 0]), Some(MonitorEvent::Disconnected));
+        assert_eq!(parse_monitor_frame(&[0x01, 0x00, 0, 0, 0, 0]), Some(MonitorEvent::Other(1)));
+        assert_eq!(parse_monitor_frame(&[0x00, 0x02]), None);
+        assert_eq!(parse_monitor_frame(&[0; 10]), None);
+    }
+
+    #[test]
+    fn nul_bytes_in_endpoints_are_refused_not_panicked_on() {
+        let ctx = zmq::Context::new();
+        let options = TransportOptions::default();
+        let opened = Dealer::open(&ctx, "tcp://a\0b:1", "me:1", "inproc://m", &options);
+        assert_eq!(opened.err(), Some(zmq::Error::EINVAL));
+        assert_eq!(bind_router(&ctx, "tcp://a\0:1", &options).err(), Some(zmq::Error::EINVAL));
+    }
+}
