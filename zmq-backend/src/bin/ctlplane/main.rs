@@ -2,6 +2,8 @@
 
 mod consumer;
 mod ec;
+mod p2p;
+mod p2p_json;
 
 use clap::{Parser, Subcommand};
 use std::error::Error;
@@ -21,6 +23,8 @@ enum Command {
     Consumer(consumer::ConsumerArgs),
     /// Send EC control requests to a consumer (an operator's tool).
     Ec(ec::EcArgs),
+    /// Run a P2P control-transport peer: an echo peer, or send one message.
+    P2p(p2p::P2pArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Consumer(args) => consumer::run(args),
         Command::Ec(args) => ec::run(args),
+        Command::P2p(args) => p2p::run(args),
     };
     match outcome {
         Ok(code) => code,

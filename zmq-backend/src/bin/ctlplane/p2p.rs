@@ -1,0 +1,134 @@
+//! `ctlplane p2p ...`: a P2P control-transport peer (an echo peer, and a one-shot sender),
+//! for operators checking a link and for interop runs against Python peers.
+
+use crate::p2p_json;
+use clap::{Args, Subcommand};
+use ctlplane_zmq::ZmqTransport;
+use std::error::Error;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct P2pArgs {
+    #[command(subcommand)]
+    op: Op,
+}
+
+#[derive(Subcommand)]
+enum Op {
+    /// Answer every message with the same message on its sender's connection, until
+    /// SIGINT or SIGTERM; prints `ready` once bound and a line per message on stderr.
+    Echo {
+        /// Host to bind and advertise (peers dial `host:port` back, verbatim).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+    },
+    /// Send one message and print the first message that comes back, as one line of JSON
+    /// (`bin` as `{"$bin": "hex"}`).
+    Send {
+        /// `host:port` to bind the local ROUTER at; the peer sends its reply there.
+        #[arg(long)]
+        local: String,
+        /// The peer's `host:port`.
+        #[arg(long)]
+        to: String,
+        /// The message, a JSON object; integers of any width, `{"$bin": "hex"}` for bytes.
+        #[arg(long)]
+        json: String,
+        /// A top-level field whose hex string (or list of hex strings) is sent as bin.
+        #[arg(long = "bin-field")]
+        bin_fields: Vec<String>,
+        /// How long to wait for the reply.
+        #[arg(long, default_value_t = 5_000)]
+        timeout_ms: u64,
+        /// Print the reply in the display form (`b"hex"` for bin) instead of exact JSON.
+        #[arg(long)]
+        display: bool,
+    },
+}
+
+/// How long one wait for socket activity lasts, so a signal is seen promptly.
+const TICK: Duration = Duration::from_millis(100);
+
+pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
+    match args.op {
+        Op::Echo { host, port } => echo(&host, port),
+        Op::Send { local, to, json, bin_fields, timeout_ms, display } => {
+            let msg = p2p_json::parse(&json, &bin_fields)?;
+            send(&local, &to, &msg, Duration::from_millis(timeout_ms), display)
+        }
+    }
+}
+
+fn echo(host: &str, port: u16) -> Result<ExitCode, Box<dyn Error>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::Release))?;
+    let mut transport = ZmqTransport::bind(host, port)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    drop(out);
+    while !stop.load(Ordering::Acquire) {
+        transport.wait(TICK)?;
+        for peer in transport.poll() {
+            tracing::info!(%peer, "accepted P2P peer");
+        }
+        for peer in transport.peers() {
+            for msg in transport.recv(&peer) {
+                eprintln!("{peer}: {msg}");
+                if let Err(error) = transport.send(&peer, &msg) {
+                    tracing::warn!(%peer, %error, "echo not sent");
+                }
+            }
+        }
+    }
+    tracing::info!("signal received; closing the P2P transport");
+    transport.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn send(
+    local: &str,
+    to: &str,
+    msg: &ctlplane_core::p2p::Value,
+    timeout: Duration,
+    display: bool,
+) -> Result<ExitCode, Box<dyn Error>> {
+    let (host, port) = local.rsplit_once(':').ok_or_else(|| format!("--local {local:?}: expected host:port"))?;
+    let port: u16 = port.parse().map_err(|_| format!("--local {local:?}: invalid port"))?;
+    let mut transport = ZmqTransport::bind(host, port)?;
+    transport.connect(to)?;
+    transport.send(to, msg)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            transport.close();
+            return Err(format!("no reply from {to} within {} ms", timeout.as_millis()).into());
+        }
+        transport.wait(TICK.min(deadline - now))?;
+        // A peer that calls itself by another name than `to` replies from a new identity.
+        let accepted = transport.poll();
+        let reply = std::iter::once(to.to_string())
+            .chain(accepted)
+            .find_map(|peer| transport.recv(&peer).into_iter().next().map(|m| (peer, m)));
+        if let Some((peer, reply)) = reply {
+            if peer != to {
+                tracing::info!(%peer, "reply came from another peer id than --to");
+            }
+            println!("{}", if display { reply.to_string() } else { p2p_json::render(&reply) });
+            transport.close();
+            return Ok(ExitCode::SUCCESS);
+        }
+        if !transport.is_alive(to) {
+            transport.close();
+            return Err(format!("connection to {to} lost").into());
+        }
+    }
+}
