@@ -6,33 +6,13 @@
 
 mod common;
 
-use common::free_ports;
+use common::{free_ports, python, workspace};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ctlplane");
-
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The interpreter with pyzmq and msgspec; a missing one fails loudly, never skips.
-pub fn python() -> PathBuf {
-    let path = std::env::var_os("CTLPLANE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join(".venv-interop/bin/python"));
-    let ok = Command::new(&path).args(["-c", "import zmq, msgspec"]).status().map(|s| s.success()).unwrap_or(false);
-    assert!(
-        ok,
-        "no Python with pyzmq and msgspec at {}: run `python3 -m venv .venv-interop && \
-         .venv-interop/bin/pip install pyzmq msgspec` (or set CTLPLANE_PYTHON)",
-        path.display()
-    );
-    path
-}
 
 /// A child process killed when the test ends.
 struct Running(Child);

@@ -70,3 +70,116 @@ pub fn router_recv(router: &zmq::Socket) -> (Vec<u8>, Vec<u8>) {
 pub fn router_send(router: &zmq::Socket, identity: &[u8], body: &[u8]) {
     router.send_multipart([identity, b"", body], 0).unwrap();
 }
+
+/// The workspace root.
+pub fn workspace() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The interpreter with pyzmq and msgspec: `$CTLPLANE_PYTHON`, else the workspace's
+/// `.venv-interop` that `.ci/run` creates. A missing one fails loudly, never skips.
+pub fn python() -> std::path::PathBuf {
+    let path = std::env::var_os("CTLPLANE_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".venv-interop/bin/python"));
+    let ok = std::process::Command::new(&path)
+        .args(["-c", "import zmq, msgspec"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "no Python with pyzmq and msgspec at {}: run `python3 -m venv .venv-interop && \
+         .venv-interop/bin/pip install pyzmq msgspec` (or set CTLPLANE_PYTHON)",
+        path.display()
+    );
+    path
+}
+
+/// A child process whose stdout lines and stderr text are collected by threads; killed
+/// when dropped.
+pub struct Proc {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: std::process::Command) -> Proc {
+        use std::io::{BufRead, BufReader, Read};
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Proc { child, lines, stderr }
+    }
+
+    /// The next stdout line, if one comes within `timeout` (None also at end of output).
+    pub fn line(&self, timeout: std::time::Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    /// Skips lines until `ready` (20 s at most: Python starts slowly on a loaded machine).
+    pub fn wait_ready(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.line(left) {
+                Some(line) if line == "ready" => return,
+                Some(_) => {}
+                None => panic!("no `ready` line; stderr:\n{}", self.stderr()),
+            }
+        }
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Sends `signal` (e.g. `-STOP`, `-TERM`) with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// Waits for the exit (`timeout` at most) and returns its status.
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "process did not exit; stderr:\n{}", self.stderr());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
