@@ -13,6 +13,7 @@ pub mod producer;
 pub mod pyjson;
 pub mod readiness;
 pub mod request_slot;
+pub mod requests;
 pub mod reservations;
 pub mod resident;
 pub mod shapes;

@@ -245,27 +245,6 @@ struct BatchFrame<T> {
     items: Vec<T>,
 }
 
-#[derive(Serialize)]
-struct CompletePayload<'a> {
-    transfer_id: &'a str,
-    reservation_id: &'a str,
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-#[derive(Serialize)]
-struct CancelFrame<'a> {
-    op: &'static str,
-    transfer_id: &'a str,
-    reservation_id: &'a str,
-    #[serde(skip_serializing_if = "is_false")]
-    abandon: bool,
-    #[serde(skip_serializing_if = "is_false")]
-    refresh: bool,
-}
-
 /// `{"op": "reserve", "transfer_id": .., "mm_hash": .., "nbytes": .., "shape": .., "dtype": ..}`.
 pub fn reserve_request(item: &PushItem) -> Vec<u8> {
     pyjson::dumps(&ReserveFrame { op: "reserve", payload: item.into() })
@@ -279,14 +258,13 @@ pub fn reserve_batch_request<'a>(items: impl IntoIterator<Item = &'a PushItem>) 
 
 /// `{"op": "complete_batch", "items": [{"transfer_id": .., "reservation_id": ..}, ...]}`.
 pub fn complete_batch_request<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<u8> {
-    let items = items.into_iter().map(|(transfer_id, reservation_id)| CompletePayload { transfer_id, reservation_id });
-    pyjson::dumps(&BatchFrame { op: "complete_batch", items: items.collect() })
+    super::requests::complete_batch(items)
 }
 
 /// `{"op": "cancel", "transfer_id": .., "reservation_id": ..}` plus `abandon`/`refresh`
 /// only when true, as the reference helper writes it.
 pub fn cancel_request(transfer_id: &str, reservation_id: &str, abandon: bool, refresh: bool) -> Vec<u8> {
-    pyjson::dumps(&CancelFrame { op: "cancel", transfer_id, reservation_id, abandon, refresh })
+    super::requests::cancel(transfer_id, reservation_id, abandon, refresh)
 }
 
 // ---------------------------------------------------------------------------------------
