@@ -19,6 +19,8 @@ pub(crate) struct Bound {
     pub push: zmq::Socket,
     pub event_port: u16,
     pub event_endpoint: String,
+    /// The REP receive timeout in ms: how long one turn waits.
+    pub tick_ms: i64,
 }
 
 /// What ends a loop other than the stop flag. Afterwards clients only see timeouts, so
@@ -52,7 +54,8 @@ pub(crate) fn bind(host: &str, endpoint: &str, recv_timeout: Duration) -> Result
     };
     // With IPV6=1 libzmq reports an IPv4 host as `[::ffff:a.b.c.d]`; like the reference,
     // only the port is taken from it and the advertised host is kept.
-    Ok(Bound { rep, push, event_port, event_endpoint: zmq_path("tcp", host, event_port) })
+    let tick_ms = i64::try_from(recv_timeout.as_millis()).unwrap_or(i64::MAX);
+    Ok(Bound { rep, push, event_port, event_endpoint: zmq_path("tcp", host, event_port), tick_ms })
 }
 
 /// Serves until `stop` is set. Each turn: publish queued events until EAGAIN, run the
@@ -72,11 +75,27 @@ pub(crate) fn run<R: RngCore>(
                 shard.handle_timeout(now);
             }
         }
+        if lock(shard).pending_events() > 0 && !wait_request_or_room(bound)? {
+            // PUSH has room again (or the tick passed): flush before waiting for the next
+            // request, so a full PULL queue costs one wake-up, not a whole tick.
+            continue;
+        }
         let Some(frame) = recv_request(&bound.rep)? else { continue };
         let reply = lock(shard).handle_request(&frame, clock.now());
         send_retrying(&bound.rep, &reply, 0).map_err(LoopError::Reply)?;
     }
     Ok(())
+}
+
+/// Events are waiting behind a full (or peerless) PUSH: wait one tick for a request or
+/// for room on PUSH. `true` when a request is there to read.
+fn wait_request_or_room(bound: &Bound) -> Result<bool, LoopError> {
+    let mut items = [bound.rep.as_poll_item(zmq::POLLIN), bound.push.as_poll_item(zmq::POLLOUT)];
+    match zmq::poll(&mut items, bound.tick_ms) {
+        Ok(_) | Err(zmq::Error::EINTR) => {}
+        Err(e) => return Err(LoopError::Recv(e)),
+    }
+    Ok(items[0].is_readable())
 }
 
 /// Hands queued events to PUSH without blocking. EAGAIN (no PULL connected, or its queue
