@@ -163,6 +163,17 @@ impl Inbox {
         }
     }
 
+    /// The driver could not create or connect the PULL socket for a
+    /// [`InboxAction::Subscribe`]: a later drain discovers again (peers stay cached), as the
+    /// reference drops a failed install and resubmits discovery.
+    pub fn on_subscribe_failed(&mut self, error: &str) {
+        if self.state == InboxState::Subscribed {
+            tracing::warn!(%error, "could not open the EC event channel; retrying");
+            self.state = InboxState::Unsubscribed;
+            self.shard_count = 1;
+        }
+    }
+
     /// Closing: a discovery still running is abandoned and nothing is installed after.
     pub fn close(&mut self) {
         self.state = InboxState::Closed;
@@ -314,6 +325,20 @@ mod tests {
         assert_eq!(inbox.shard_count(), 3);
         assert_eq!(inbox.on_drain(), None);
         assert!(inbox.is_subscribed());
+    }
+
+    #[test]
+    fn a_failed_subscribe_is_retried_from_discovery() {
+        let mut inbox = Inbox::default();
+        inbox.on_drain();
+        let eps = vec!["tcp://h:1".to_string(), "tcp://h:2".to_string()];
+        assert_eq!(inbox.on_discovery(Ok(eps.clone())), Some(InboxAction::Subscribe(eps)));
+        inbox.on_subscribe_failed("Too many open files");
+        assert_eq!((inbox.is_subscribed(), inbox.shard_count()), (false, 1));
+        assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery));
+        inbox.close();
+        inbox.on_subscribe_failed("late");
+        assert_eq!(inbox.on_drain(), None, "a closed inbox stays closed");
     }
 
     #[test]
