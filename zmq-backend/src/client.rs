@@ -211,6 +211,13 @@ impl ControlClient {
         Err(TopologyError { base: base.to_string() })
     }
 
+    /// Runs `f` on the client's confirmed topologies. The event inbox's discovery goes
+    /// through here so that it shares `discover_shards`'s success-only cache, as the
+    /// reference's inbox shares its client's.
+    pub(crate) fn with_topologies<T>(&self, f: impl FnOnce(&mut TopologyCache) -> T) -> T {
+        f(&mut lock(&self.topologies))
+    }
+
     /// The shard's PUSH port.
     pub fn event_port(&self, addr: &str) -> Result<Value, ClientError> {
         self.request_frame(addr, &requests::event_port())

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod inbox;
 pub mod p2p;
 pub mod replica;
 pub mod requests;
@@ -17,6 +18,7 @@ mod sockets;
 
 pub use client::{ClientError, ControlClient};
 pub use clock::Clock;
+pub use inbox::{DrainCounts, Drained, EventInbox};
 pub use p2p::{P2pError, TransportOptions, ZmqTransport};
 pub use replica::ConsumerServers;
 pub use requests::{Completion, ReserveSpec};

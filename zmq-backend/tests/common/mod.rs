@@ -1,11 +1,17 @@
 //! Helpers shared by the loopback tests.
 #![allow(dead_code)]
 
+use ctlplane_core::ec::inbox::ReadyEvent;
 use ctlplane_core::ec::{DType, ShardConfig};
-use ctlplane_zmq::{ConsumerControlServer, ReserveSpec};
+use ctlplane_zmq::{ConsumerControlServer, EventInbox, ReserveSpec};
 use rand_core::OsRng;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for something that takes milliseconds when all is well; long
+/// enough for a loaded 2-core machine.
+pub const PATIENCE: Duration = Duration::from_secs(15);
 
 /// `n` consecutive free loopback ports. They come from 20000..30000, below Linux's
 /// ephemeral range, so a PUSH bound to port 0 never takes one; the start depends on the
@@ -182,4 +188,27 @@ impl Drop for Proc {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Drains until the inbox has subscribed (drains return at once, so this polls).
+pub fn until_subscribed(inbox: &mut EventInbox) {
+    let deadline = Instant::now() + PATIENCE;
+    while !inbox.is_subscribed() {
+        assert!(inbox.drain().events.is_empty(), "no events before the subscription");
+        assert!(Instant::now() < deadline, "the inbox did not subscribe");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Drains until `n` readiness events have arrived; no more than `n` may come.
+pub fn next_events(inbox: &mut EventInbox, n: usize) -> Vec<ReadyEvent> {
+    let deadline = Instant::now() + PATIENCE;
+    let mut events = Vec::new();
+    while events.len() < n {
+        events.extend(inbox.drain().events);
+        assert!(Instant::now() < deadline, "only {} of {n} events arrived", events.len());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(events.len(), n, "{events:?}");
+    events
 }
