@@ -85,6 +85,8 @@ enum Op {
         #[arg(long)]
         refresh: bool,
     },
+    /// Subscribe to every shard's readiness events and print each as one JSON line.
+    Watch(crate::watch::WatchArgs),
 }
 
 fn parse_dtype(name: &str) -> Result<DType, String> {
@@ -93,6 +95,7 @@ fn parse_dtype(name: &str) -> Result<DType, String> {
 
 pub fn run(args: EcArgs) -> Result<ExitCode, Box<dyn Error>> {
     let (target, frame) = match args.op {
+        Op::Watch(args) => return crate::watch::run(args),
         Op::Peers { target } => (target, requests::peers()),
         Op::EventPort { target } => (target, requests::event_port()),
         Op::Status { target, transfer_id } => (target, requests::status(&transfer_id)),

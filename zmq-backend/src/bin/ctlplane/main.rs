@@ -4,6 +4,8 @@ mod consumer;
 mod ec;
 mod p2p;
 mod p2p_json;
+mod push;
+mod watch;
 
 use clap::{Parser, Subcommand};
 use std::error::Error;
@@ -23,6 +25,8 @@ enum Command {
     Consumer(consumer::ConsumerArgs),
     /// Send EC control requests to a consumer (an operator's tool).
     Ec(ec::EcArgs),
+    // Its help text is `PushArgs`'s doc comment.
+    Push(push::PushArgs),
     /// Run a P2P control-transport peer: an echo peer, or send one message.
     P2p(p2p::P2pArgs),
 }
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Consumer(args) => consumer::run(args),
         Command::Ec(args) => ec::run(args),
+        Command::Push(args) => push::run(args),
         Command::P2p(args) => p2p::run(args),
     };
     match outcome {

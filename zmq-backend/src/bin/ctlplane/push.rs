@@ -1,0 +1,516 @@
+//! `ctlplane push`: a producer load generator over the real control channel.
+//!
+//! The core's [`PushCoordinator`] decides every step of every push batch (discovery,
+//! reserve fan-out, writes, completion, cleanup); this driver only carries its requests
+//! to worker threads that own the [`ControlClient`] calls, performs its writes on a data
+//! plane that accepts them all, and feeds back replies and the clock.
+
+use clap::Args;
+use ctlplane_core::ec::dataplane::{DataPlane, DataPlaneError};
+use ctlplane_core::ec::inbox::ReadyEvent;
+use ctlplane_core::ec::producer::{
+    BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, Token, Transmit,
+};
+use ctlplane_core::ec::readiness::{EventFate, Readiness};
+use ctlplane_core::ec::DType;
+use ctlplane_zmq::{Clock, ControlClient, EventInbox};
+use rand_core::{OsRng, RngCore};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Push items to a consumer as an EC producer would: a control-plane load generator.
+///
+/// Mooncake is out of scope: tensor writes go to a stand-in data plane that accepts every
+/// write and counts its bytes, so a run measures the control plane alone.
+///
+/// The tool also stands in for the consumer's scheduler: it subscribes to the readiness
+/// events to count the items every shard announced (not with --no-events, which leaves the
+/// events to another subscriber such as `ctlplane ec watch`), and, as `ctlplane consumer`
+/// has no model that loads items, releases each pushed item with a plain cancel to every
+/// shard (not with --keep), so a long run does not fill the consumer's pool.
+///
+/// Prints a one-line JSON summary on stdout; exits 1 if any item failed.
+#[derive(Args)]
+pub struct PushArgs {
+    /// The consumer's base control address (rank 0's, what a producer gets as
+    /// `consumer_zmq`), e.g. tcp://127.0.0.1:19019.
+    #[arg(long)]
+    consumer: String,
+    /// Items to push.
+    #[arg(long)]
+    items: u64,
+    /// Bytes per item: a positive even number; each item is a float16 tensor of shape
+    /// [nbytes/2].
+    #[arg(long, value_parser = parse_nbytes)]
+    nbytes: u64,
+    /// Items per push batch: one `reserve_batch` and one `complete_batch` per shard
+    /// (`reserve` for a batch of one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
+    /// Reply timeout of every control request (`control_timeout_ms`).
+    #[arg(long, default_value_t = 30_000)]
+    timeout_ms: u64,
+    /// Batches in flight at once; also the worker threads that carry control requests.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: u32,
+    /// Leave pushed items READY on the consumer instead of releasing them.
+    #[arg(long)]
+    keep: bool,
+    /// Do not subscribe to the consumer's readiness events.
+    #[arg(long)]
+    no_events: bool,
+}
+
+fn parse_nbytes(s: &str) -> Result<u64, String> {
+    let n: u64 = s.parse().map_err(|e| format!("{e}"))?;
+    if n == 0 || n % 2 != 0 {
+        return Err(format!("{n} is not a positive even number of bytes (items are float16 tensors)"));
+    }
+    Ok(n)
+}
+
+/// Longest wait for the readiness events of the last batches once every batch is done.
+const EVENT_GRACE: Duration = Duration::from_secs(5);
+/// Longest wait for a worker's answer before the loop looks at events and the clock again.
+const TICK: Duration = Duration::from_millis(2);
+
+/// The one-line JSON summary on stdout.
+#[derive(Serialize)]
+struct Summary {
+    items: u64,
+    pushed: u64,
+    failed: u64,
+    skipped: u64,
+    /// From the first push to the last batch done.
+    seconds: f64,
+    items_per_s: f64,
+    /// Batch latency, push to done.
+    p50_ms: f64,
+    p99_ms: f64,
+    batches: u64,
+    shards: usize,
+    bytes_written: u64,
+    /// Readiness events received for this run's items (0 with --no-events).
+    events: u64,
+    /// Items every shard announced ready (the scheduler's multi-shard readiness).
+    ready: u64,
+    /// Items released on every shard after their push (0 with --keep).
+    released: u64,
+}
+
+pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
+    let nbytes = usize::try_from(args.nbytes)?;
+    let mut source = vec![0u8; nbytes];
+    OsRng.try_fill_bytes(&mut source).map_err(rng_error)?;
+    let client = Arc::new(ControlClient::new(args.timeout_ms));
+    let (done_tx, done_rx) = mpsc::channel();
+    let workers = Workers::spawn(&client, args.concurrency as usize, done_tx)?;
+    let inbox = (!args.no_events).then(|| EventInbox::new(client.clone(), &args.consumer));
+    let mut run = Run {
+        args: &args,
+        clock: Clock::new(),
+        coordinator: PushCoordinator::new(PushConfig::default()),
+        data_plane: CountingDataPlane::default(),
+        source,
+        ids: Ids::default(),
+        workers,
+        done_rx,
+        inbox,
+        readiness: Readiness::default(),
+        batches: HashMap::new(),
+        awaiting: HashSet::new(),
+        next_item: 0,
+        tally: Tally::default(),
+    };
+    let outcome = run.run();
+    run.workers.stop();
+    if let Some(inbox) = &mut run.inbox {
+        inbox.close();
+    }
+    client.close();
+    let summary = outcome?;
+    println!("{}", serde_json::to_string(&summary)?);
+    eprintln!(
+        "pushed {}/{} items ({} failed, {} skipped) of {} B to {} shard(s) in {:.3} s: {:.0} items/s; \
+         batch latency p50 {:.3} ms, p99 {:.3} ms; {} ready, {} released",
+        summary.pushed,
+        summary.items,
+        summary.failed,
+        summary.skipped,
+        args.nbytes,
+        summary.shards,
+        summary.seconds,
+        summary.items_per_s,
+        summary.p50_ms,
+        summary.p99_ms,
+        summary.ready,
+        summary.released,
+    );
+    if let Some(error) = &run.tally.first_failure {
+        eprintln!("first failure: {error}");
+    }
+    Ok(if summary.failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// A batch in flight: when it was pushed and its transfer ids (to release them).
+struct InFlight {
+    pushed_at: Instant,
+    transfer_ids: Vec<String>,
+}
+
+#[derive(Default)]
+struct Tally {
+    pushed: u64,
+    failed: u64,
+    skipped: u64,
+    batches: u64,
+    latencies_ms: Vec<f64>,
+    last_done: Option<Instant>,
+    first_failure: Option<String>,
+    events: u64,
+    ready: u64,
+    released: u64,
+    releases_pending: u64,
+}
+
+struct Run<'a> {
+    args: &'a PushArgs,
+    clock: Clock,
+    coordinator: PushCoordinator,
+    data_plane: CountingDataPlane,
+    source: Vec<u8>,
+    ids: Ids,
+    workers: Workers,
+    done_rx: Receiver<Done>,
+    inbox: Option<EventInbox>,
+    readiness: Readiness,
+    batches: HashMap<BatchId, InFlight>,
+    /// Transfer ids of this run not yet announced by every shard: a consumer's backlog
+    /// may still hold events of an earlier run, which must not count.
+    awaiting: HashSet<String>,
+    next_item: u64,
+    tally: Tally,
+}
+
+impl Run<'_> {
+    fn run(&mut self) -> Result<Summary, Box<dyn Error>> {
+        let started = Instant::now();
+        // Subscribing takes a discovery round trip: start it before the first push.
+        self.drain_events();
+        let mut all_done_at = None;
+        loop {
+            self.start_batches()?;
+            self.pump();
+            self.collect_outcomes();
+            self.drain_events();
+            let finished = self.next_item >= self.args.items && self.batches.is_empty();
+            if finished && self.tally.releases_pending == 0 {
+                let all_done = *all_done_at.get_or_insert_with(Instant::now);
+                let waiting_events = self.inbox.is_some() && self.tally.ready < self.tally.pushed;
+                if !waiting_events || all_done.elapsed() >= EVENT_GRACE {
+                    break;
+                }
+            }
+            match self.done_rx.recv_timeout(TICK) {
+                Ok(done) => self.handle(done),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Err("every push worker stopped".into()),
+            }
+            while let Ok(done) = self.done_rx.try_recv() {
+                self.handle(done);
+            }
+        }
+        let end = self.tally.last_done.unwrap_or(started);
+        let seconds = end.saturating_duration_since(started).as_secs_f64();
+        let t = &mut self.tally;
+        t.latencies_ms.sort_by(f64::total_cmp);
+        let shards = self.coordinator.topology().get(&self.args.consumer).map_or(0, <[String]>::len);
+        Ok(Summary {
+            items: self.args.items,
+            pushed: t.pushed,
+            failed: t.failed,
+            skipped: t.skipped,
+            seconds: round3(seconds),
+            items_per_s: round3(if seconds > 0.0 { t.pushed as f64 / seconds } else { 0.0 }),
+            p50_ms: round3(percentile(&t.latencies_ms, 0.50)),
+            p99_ms: round3(percentile(&t.latencies_ms, 0.99)),
+            batches: t.batches,
+            shards,
+            bytes_written: self.data_plane.bytes,
+            events: t.events,
+            ready: t.ready,
+            released: t.released,
+        })
+    }
+
+    /// Keeps `concurrency` batches in flight until every item has been pushed.
+    fn start_batches(&mut self) -> Result<(), Box<dyn Error>> {
+        while self.batches.len() < self.args.concurrency as usize && self.next_item < self.args.items {
+            let k = u64::from(self.args.batch).min(self.args.items - self.next_item);
+            let items =
+                (0..k).map(|_| self.ids.item(self.args.nbytes)).collect::<Result<Vec<_>, _>>().map_err(rng_error)?;
+            let transfer_ids: Vec<String> = items.iter().map(|i| i.transfer_id.clone()).collect();
+            if self.inbox.is_some() {
+                self.awaiting.extend(transfer_ids.iter().cloned());
+            }
+            let pushed_at = Instant::now();
+            let id = self.coordinator.push(PushBatch::new(self.args.consumer.clone(), items), self.clock.now());
+            self.batches.insert(id, InFlight { pushed_at, transfer_ids });
+            self.next_item += k;
+        }
+        Ok(())
+    }
+
+    /// Hands every request the coordinator releases to the workers and performs every
+    /// write at once (the data plane accepts them synchronously).
+    fn pump(&mut self) {
+        while let Some(transmit) = self.coordinator.poll_transmit() {
+            match transmit {
+                Transmit::Request { token, addr, frame } => {
+                    if let Err(error) = self.workers.submit(Job::Request { token, addr, frame }) {
+                        self.coordinator.handle_reply(token, Err(error), self.clock.now());
+                    }
+                }
+                Transmit::Write { token, session, dst_ptr, nbytes, item: _ } => {
+                    let result = usize::try_from(nbytes)
+                        .ok()
+                        .and_then(|n| self.source.get(..n))
+                        .ok_or_else(|| format!("write of {nbytes} bytes exceeds the {} byte source", self.source.len()))
+                        .and_then(|src| self.data_plane.write(&session, dst_ptr, src).map_err(|e| e.to_string()));
+                    self.coordinator.handle_write(token, result, self.clock.now());
+                }
+            }
+        }
+    }
+
+    fn collect_outcomes(&mut self) {
+        while let Some(PushEvent::BatchDone { batch, outcomes }) = self.coordinator.poll_event() {
+            let now = Instant::now();
+            let Some(flight) = self.batches.remove(&batch) else { continue };
+            let t = &mut self.tally;
+            t.batches += 1;
+            t.last_done = Some(now);
+            t.latencies_ms.push(now.saturating_duration_since(flight.pushed_at).as_secs_f64() * 1e3);
+            let shards = self.coordinator.topology().get(&self.args.consumer).map(<[String]>::to_vec);
+            for (outcome, transfer_id) in outcomes.into_iter().zip(flight.transfer_ids) {
+                match outcome {
+                    ItemOutcome::Pushed => {
+                        t.pushed += 1;
+                        if let (false, Some(shards)) = (self.args.keep, &shards) {
+                            let job = Job::Release { transfer_id, shards: shards.clone() };
+                            if self.workers.submit(job).is_ok() {
+                                t.releases_pending += 1;
+                            }
+                        }
+                    }
+                    ItemOutcome::Skipped { .. } => t.skipped += 1,
+                    ItemOutcome::Failed { error } => {
+                        t.failed += 1;
+                        t.first_failure.get_or_insert(error);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads readiness events; the core's multi-shard readiness says when an item is
+    /// announced by every shard.
+    fn drain_events(&mut self) {
+        let Some(inbox) = &mut self.inbox else { return };
+        let events: Vec<ReadyEvent> = inbox.drain().events;
+        let shard_count = inbox.shard_count();
+        for event in events {
+            if !self.awaiting.contains(&event.transfer_id) {
+                continue;
+            }
+            self.tally.events += 1;
+            let transfer_id = event.transfer_id.clone();
+            if self.readiness.handle_event(event, shard_count, self.clock.now()) == EventFate::Accepted {
+                self.tally.ready += 1;
+                self.awaiting.remove(&transfer_id);
+            }
+        }
+        // Nothing here loads items; the notices only matter to a real scheduler.
+        while self.readiness.poll_notice().is_some() {}
+    }
+
+    fn handle(&mut self, done: Done) {
+        match done {
+            Done::Reply { token, reply } => self.coordinator.handle_reply(token, reply, self.clock.now()),
+            Done::Released { transfer_id, result } => {
+                self.tally.releases_pending = self.tally.releases_pending.saturating_sub(1);
+                match result {
+                    Ok(()) => self.tally.released += 1,
+                    Err(error) => tracing::warn!(%transfer_id, %error, "could not release a pushed item"),
+                }
+            }
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted samples.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1e3).round() / 1e3
+}
+
+// ---------------------------------------------------------------------------------------
+// Items
+
+/// Mints distinct random ids: 32-hex transfer ids (`uuid4().hex`-sized) and 64-hex
+/// mm_hashes, so every item is a fresh writer on the consumer.
+#[derive(Default)]
+struct Ids {
+    transfer_ids: HashSet<[u8; 16]>,
+    mm_hashes: HashSet<[u8; 32]>,
+}
+
+impl Ids {
+    fn item(&mut self, nbytes: u64) -> Result<PushItem, rand_core::Error> {
+        let transfer_id = fresh(&mut self.transfer_ids)?;
+        let mm_hash = fresh(&mut self.mm_hashes)?;
+        Ok(PushItem {
+            transfer_id: hex(&transfer_id),
+            mm_hash: hex(&mm_hash),
+            nbytes,
+            shape: vec![nbytes / 2],
+            dtype: DType::Float16.name().to_string(),
+        })
+    }
+}
+
+fn rng_error(e: rand_core::Error) -> String {
+    format!("the OS random source failed: {e}")
+}
+
+fn fresh<const N: usize>(seen: &mut HashSet<[u8; N]>) -> Result<[u8; N], rand_core::Error> {
+    loop {
+        let mut bytes = [0u8; N];
+        OsRng.try_fill_bytes(&mut bytes)?;
+        if seen.insert(bytes) {
+            return Ok(bytes);
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+// Data plane
+
+/// Stands in for Mooncake (out of scope here): accepts every write and counts it, so the
+/// run measures the control plane alone.
+#[derive(Default)]
+struct CountingDataPlane {
+    bytes: u64,
+}
+
+impl DataPlane for CountingDataPlane {
+    fn write(&mut self, _session: &str, _dst_ptr: u64, src: &[u8]) -> Result<(), DataPlaneError> {
+        self.bytes += src.len() as u64;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Workers
+
+enum Job {
+    /// A coordinator request.
+    Request { token: Token, addr: String, frame: Vec<u8> },
+    /// The plain cancel a consumer's scheduler sends when the request that needed an item
+    /// finishes, to every shard. `ctlplane consumer` has no model to load items, so without
+    /// it READY items would hold their pool memory for the 300 s TTL and a run would stop
+    /// fitting after pool_bytes / nbytes items.
+    Release { transfer_id: String, shards: Vec<String> },
+}
+
+enum Done {
+    Reply { token: Token, reply: Result<Value, String> },
+    Released { transfer_id: String, result: Result<(), String> },
+}
+
+/// Threads executing control requests. Each has its own REQ socket per shard (the
+/// client's per-thread sockets), so no two requests ever share one socket's lockstep.
+struct Workers {
+    jobs: Option<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    fn spawn(client: &Arc<ControlClient>, n: usize, done: Sender<Done>) -> std::io::Result<Self> {
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let mut workers = Workers { jobs: Some(jobs_tx), threads: Vec::with_capacity(n) };
+        for i in 0..n {
+            let (client, jobs, done) = (client.clone(), jobs_rx.clone(), done.clone());
+            let thread = std::thread::Builder::new().name(format!("ec-push-{i}")).spawn(move || loop {
+                let job = jobs.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                let Ok(job) = job else { break };
+                if done.send(execute(&client, job)).is_err() {
+                    break;
+                }
+            });
+            match thread {
+                Ok(t) => workers.threads.push(t),
+                Err(e) => {
+                    workers.stop();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(workers)
+    }
+
+    fn submit(&self, job: Job) -> Result<(), String> {
+        let jobs = self.jobs.as_ref().ok_or("push workers stopped")?;
+        jobs.send(job).map_err(|_| "push workers stopped".to_string())
+    }
+
+    /// Lets the workers finish what they hold and waits for them.
+    fn stop(&mut self) {
+        self.jobs = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn execute(client: &ControlClient, job: Job) -> Done {
+    match job {
+        Job::Request { token, addr, frame } => {
+            Done::Reply { token, reply: client.request_frame(&addr, &frame).map_err(|e| e.to_string()) }
+        }
+        Job::Release { transfer_id, shards } => {
+            let result =
+                shards.iter().try_for_each(|shard| match client.cancel(shard, &transfer_id, "", false, false) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(format!("{shard} did not cancel it")),
+                    Err(e) => Err(format!("{shard}: {e}")),
+                });
+            Done::Released { transfer_id, result }
+        }
+    }
+}
