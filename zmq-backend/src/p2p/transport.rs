@@ -218,6 +218,21 @@ impl ZmqTransport {
         }
     }
 
+    /// Blocks until `peer`'s DEALER has room for a frame, or `timeout` passes; `Ok(true)`
+    /// if it has. For a caller that got [`P2pError::WouldBlock`] and chooses to wait
+    /// rather than spin (sending itself never blocks).
+    pub fn wait_writable(&self, peer: &str, timeout: Duration) -> Result<bool, P2pError> {
+        let Some((_, d)) = self.registry.conn_id(peer).and_then(|conn| self.dealers.get(&conn)) else {
+            return Ok(false);
+        };
+        let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        match d.dealer.poll(zmq::POLLOUT, ms) {
+            Ok(n) => Ok(n > 0),
+            Err(zmq::Error::EINTR) => Ok(false),
+            Err(e) => Err(P2pError::Wait(e)),
+        }
+    }
+
     /// Closes every connection, then the ROUTER (linger 0), then the context. Idempotent.
     pub fn close(&mut self) {
         self.registry.close_all();
