@@ -231,8 +231,15 @@ fn a_frozen_peer_is_detected_by_the_heartbeat() {
 /// newcomer that reuses the identity before the ROUTER let the old pipe go is refused and
 /// its first message is lost (spec S7, libzmq semantics, not the transport's ordering).
 /// The test is about the transport's sweep ordering (S2), so it lets libzmq finish first.
-fn let_router_release_identity() {
-    std::thread::sleep(Duration::from_millis(1500));
+/// The ROUTER runs its half of a pipe's teardown only when it is called, so it is kept
+/// busy meanwhile: `wait` reads its events without polling the registry, which would
+/// change the S2 setup (no poll between `mark_dead` and the hello).
+fn let_router_release_identity(t: &ZmqTransport) {
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        t.wait(Duration::from_millis(20)).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -246,7 +253,7 @@ fn a_restarted_peer_has_its_first_message_delivered() {
     first.child.kill().unwrap();
     first.child.wait().unwrap();
     poll_until(&mut t, SOON, "the first incarnation swept", |t, _| t.peers().is_empty());
-    let_router_release_identity();
+    let_router_release_identity(&t);
     let mut second = hello_peer(&mut t, port, 2);
 
     // S2: the session marks the connection dead and, before the transport polls again, the
@@ -254,7 +261,7 @@ fn a_restarted_peer_has_its_first_message_delivered() {
     second.child.kill().unwrap();
     second.child.wait().unwrap();
     t.mark_dead(&py_id);
-    let_router_release_identity();
+    let_router_release_identity(&t);
     let _third = hello_peer(&mut t, port, 3);
     assert_eq!(t.stats().messages_lost_in_sweep, 0);
 }
