@@ -617,15 +617,7 @@ impl Batch {
                 continue;
             }
             // The refresh failed: abandon what this item still holds.
-            let held: Vec<(usize, String)> = self.items[i]
-                .shards
-                .iter()
-                .enumerate()
-                .filter_map(|(shard, slot)| match slot {
-                    ShardSlot::Granted(g) if !g.reservation_id.is_empty() => Some((shard, g.reservation_id.clone())),
-                    _ => None,
-                })
-                .collect();
+            let held = self.held_grants(i);
             for (shard, rid) in held {
                 self.cancel(i, shard, rid, Purpose::Cleanup, 1);
             }
@@ -752,21 +744,26 @@ impl Batch {
         self.phase = Phase::Finished;
     }
 
+    /// The reservations item `i` holds, by shard: what an abandon must release.
+    fn held_grants(&self, i: usize) -> Vec<(usize, String)> {
+        self.items[i]
+            .shards
+            .iter()
+            .enumerate()
+            .filter_map(|(shard, slot)| match slot {
+                ShardSlot::Granted(g) if !g.reservation_id.is_empty() => Some((shard, g.reservation_id.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The batch failed after reserving: fail its live items and abandon every
     /// reservation they hold (S17, S19).
     fn fail_batch(&mut self, error: String) {
         tracing::warn!(consumer = %self.consumer, %error, "EC push batch failed; abandoning its reservations");
         for i in self.live_items() {
             self.resolve(i, ItemOutcome::Failed { error: error.clone() });
-            let held: Vec<(usize, String)> = self.items[i]
-                .shards
-                .iter()
-                .enumerate()
-                .filter_map(|(shard, slot)| match slot {
-                    ShardSlot::Granted(g) if !g.reservation_id.is_empty() => Some((shard, g.reservation_id.clone())),
-                    _ => None,
-                })
-                .collect();
+            let held = self.held_grants(i);
             for (shard, rid) in held {
                 self.cancel(i, shard, rid, Purpose::Abandon, 1);
             }
@@ -779,15 +776,7 @@ impl Batch {
     fn orphan_abandon(&mut self) {
         for i in self.live_items() {
             self.resolve(i, ItemOutcome::Skipped { reason: SkipReason::Unbound });
-            let held: Vec<(usize, String)> = self.items[i]
-                .shards
-                .iter()
-                .enumerate()
-                .filter_map(|(shard, slot)| match slot {
-                    ShardSlot::Granted(g) if !g.reservation_id.is_empty() => Some((shard, g.reservation_id.clone())),
-                    _ => None,
-                })
-                .collect();
+            let held = self.held_grants(i);
             for (shard, rid) in held {
                 self.cancel(i, shard, rid, Purpose::Cleanup, 1);
             }
