@@ -1,0 +1,153 @@
+//! Simulated time for hosts, and the bookkeeping that lets the engine skip idle time.
+//!
+//! turmoil advances every host by one tick per step. A fixed 1 ms tick spends almost all
+//! of its steps on hosts with nothing to do, so the engine picks each tick itself: one
+//! millisecond while bytes are on the wire, otherwise a jump to the earliest deadline any
+//! host sleeps until. For that, every sleep in the simulator goes through [`sleep_until`]
+//! (which registers its deadline) and every byte written to or read from a simulated
+//! stream is reported with [`net_wrote`] / [`net_read`].
+//!
+//! State is thread-local: a simulation runs on one thread, and a sweep runs one simulation
+//! per thread at a time. [`reset`] clears it before a run.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ctlplane_core::time::Instant;
+
+#[derive(Default)]
+struct ClockState {
+    /// Registered wake-up deadlines (ns since the start of the run) and how many sleepers each.
+    deadlines: BTreeMap<u64, usize>,
+    /// Bytes written to a stream and not yet read at the other end, per (from, to) host pair.
+    in_flight: BTreeMap<(IpAddr, IpAddr), i64>,
+    /// Streams being set up (a connect in progress).
+    connecting: usize,
+    /// Bumped by every read, write and connect: the engine compares it across steps.
+    activity: u64,
+}
+
+thread_local! {
+    static STATE: RefCell<ClockState> = RefCell::new(ClockState::default());
+}
+
+/// Forget every deadline and byte count; called by the engine before a run.
+pub fn reset() {
+    STATE.with(|s| *s.borrow_mut() = ClockState::default());
+}
+
+/// Simulated time of the current host, as the core's `Instant` (zero at the start of the run).
+///
+/// Outside a host (the engine itself) use `Sim::elapsed` instead; this returns zero there.
+pub fn now() -> Instant {
+    Instant::from_nanos(turmoil::sim_elapsed().map_or(0, |d| d.as_nanos() as u64))
+}
+
+/// Sleep until `at`, registering the deadline so the engine does not jump past it.
+pub async fn sleep_until(at: Instant) {
+    let now = now();
+    if at <= now {
+        tokio::task::yield_now().await;
+        return;
+    }
+    let key = at.as_nanos();
+    let _guard = DeadlineGuard::register(key);
+    tokio::time::sleep(Duration::from_nanos(key - now.as_nanos())).await;
+}
+
+/// Sleep for `d` of simulated time.
+pub async fn sleep(d: Duration) {
+    sleep_until(now() + d).await;
+}
+
+struct DeadlineGuard(u64);
+
+impl DeadlineGuard {
+    fn register(key: u64) -> Self {
+        STATE.with(|s| *s.borrow_mut().deadlines.entry(key).or_insert(0) += 1);
+        DeadlineGuard(key)
+    }
+}
+
+impl Drop for DeadlineGuard {
+    fn drop(&mut self) {
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            if let Some(n) = s.deadlines.get_mut(&self.0) {
+                *n -= 1;
+                if *n == 0 {
+                    s.deadlines.remove(&self.0);
+                }
+            }
+        });
+    }
+}
+
+/// `n` bytes were written on a stream from `from` to `to`.
+pub fn net_wrote(from: IpAddr, to: IpAddr, n: usize) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        *s.in_flight.entry((from, to)).or_insert(0) += n as i64;
+        s.activity += 1;
+    });
+}
+
+/// `n` bytes sent from `from` to `to` were read at `to`.
+pub fn net_read(from: IpAddr, to: IpAddr, n: usize) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let e = s.in_flight.entry((from, to)).or_insert(0);
+        *e -= n as i64;
+        if *e <= 0 {
+            s.in_flight.remove(&(from, to));
+        }
+        s.activity += 1;
+    });
+}
+
+/// A stream from `from` to `to` died: whatever was in flight on it never arrives.
+pub fn net_reset(from: IpAddr, to: IpAddr) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.in_flight.remove(&(from, to));
+        s.activity += 1;
+    });
+}
+
+/// A connect started (`true`) or finished either way (`false`).
+pub fn net_connecting(started: bool) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        if started {
+            s.connecting += 1;
+        } else {
+            s.connecting = s.connecting.saturating_sub(1);
+        }
+        s.activity += 1;
+    });
+}
+
+/// Something happened that the engine should react to at a fine tick.
+pub fn note_activity() {
+    STATE.with(|s| s.borrow_mut().activity += 1);
+}
+
+/// Earliest registered deadline, ns since the start of the run.
+pub fn next_deadline() -> Option<u64> {
+    STATE.with(|s| s.borrow().deadlines.keys().next().copied())
+}
+
+/// Host pairs with bytes on the wire, and whether a connect is in progress.
+pub fn in_flight_pairs() -> (Vec<(IpAddr, IpAddr)>, bool) {
+    STATE.with(|s| {
+        let s = s.borrow();
+        (s.in_flight.keys().copied().collect(), s.connecting > 0)
+    })
+}
+
+/// The activity counter (see [`note_activity`]).
+pub fn activity() -> u64 {
+    STATE.with(|s| s.borrow().activity)
+}

@@ -1,0 +1,1 @@
+//! Host programs: each drives one core machine over simulated sockets.

@@ -1,0 +1,16 @@
+//! ctlplane-sim: the deterministic simulator.
+//!
+//! It drives the same `ctlplane-core` state machines as production through turmoil, with a
+//! model of ZeroMQ socket semantics in place of libzmq. Nothing here decides a protocol
+//! question: hosts move bytes and time into core machines and carry out what they return.
+//! Everything observable is traced, and the trace hash of a seed is the same on every run.
+
+pub mod clock;
+pub mod device;
+pub mod engine;
+pub mod faults;
+pub mod hosts;
+pub mod oracle;
+pub mod topology;
+pub mod trace;
+pub mod zmq;

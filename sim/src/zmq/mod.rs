@@ -1,0 +1,1 @@
+//! ZeroMQ socket semantics over turmoil TCP (in progress).
