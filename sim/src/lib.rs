@@ -5,12 +5,14 @@
 //! question: hosts move bytes and time into core machines and carry out what they return.
 //! Everything observable is traced, and the trace hash of a seed is the same on every run.
 
+pub mod cli;
 pub mod clock;
 pub mod device;
 pub mod engine;
 pub mod faults;
 pub mod hosts;
 pub mod oracle;
+pub mod p2p;
 pub mod topology;
 pub mod trace;
 pub mod zmq;
