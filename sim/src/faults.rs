@@ -1,1 +1,874 @@
-//! (in progress)
+//! Fault plans: what goes wrong in a run, and when, drawn from the run's seed.
+//!
+//! A plan is drawn swarm style: each fault kind is switched on or off per seed and gets
+//! its own rate, so some seeds hammer one mechanism and others mix a few. The plan is a
+//! plain value: it prints, round-trips through JSON and replays exactly, so a failing
+//! seed's plan can be saved, edited down and run again with `ctlsim run --plan FILE`.
+//!
+//! [`FaultDriver`] applies a plan to the turmoil world as simulated time passes (link
+//! faults, crashes, restarts). Faults a host must play itself (a slow handler, a malformed
+//! frame) go into a thread-local table the hosts read with [`handler_delay`] and
+//! [`take_malformed`].
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::topology::Topology;
+
+/// `ZMQ_HEARTBEAT_IVL` of the P2P sockets (spec p2p 1.4).
+pub const HEARTBEAT_IVL: Duration = Duration::from_millis(2_000);
+/// `ZMQ_HEARTBEAT_TIMEOUT` of the P2P sockets: a link silent this long after a PING drops.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(10_000);
+/// `control_timeout_s` of the EC clients (spec ec 9): a handler slower than this makes the
+/// client give up and discard its REQ socket.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a simulated P2P peer polls its transport (one manager tick).
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Why a plan could not be loaded or does not fit a topology.
+#[derive(Debug, Error)]
+pub enum FaultError {
+    #[error("fault plan is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("fault {index} names host {host:?}, which is not in the topology")]
+    UnknownHost { index: usize, host: String },
+    #[error("fault {index} joins host {host:?} to itself")]
+    SameHost { index: usize, host: String },
+    #[error("fault {index} overlaps fault {other} on {resource}: one fault per link or host at a time")]
+    Overlap { index: usize, other: usize, resource: String },
+    #[error("fault {index}: {what}")]
+    Invalid { index: usize, what: &'static str },
+}
+
+/// Whether a fault kind is drawn in this run, and how often.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindRate {
+    pub enabled: bool,
+    /// Expected faults of this kind per hour of active simulated time.
+    pub per_hour: u32,
+}
+
+/// The swarm switches of one seed: one [`KindRate`] per fault kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Swarm {
+    pub partition: KindRate,
+    pub one_way: KindRate,
+    pub hold: KindRate,
+    pub crash: KindRate,
+    pub long_partition: KindRate,
+    pub slow_handler: KindRate,
+    pub malformed: KindRate,
+    pub reconnect_race: KindRate,
+}
+
+/// A frame that is not what the receiver's protocol expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Garbage {
+    /// Not UTF-8, and `0xc1` is never valid msgpack.
+    NotUtf8,
+    /// `{not json`.
+    NotJson,
+    /// Valid JSON that is not an object (`[]`).
+    NonObject,
+    /// An empty frame.
+    Empty,
+    /// A msgpack map cut short.
+    TruncatedMsgpack,
+    /// A well-formed message of a known type with fields of the wrong type: JSON
+    /// `{"op": 7}`, or a msgpack `fetch` without its fields.
+    WrongTypes,
+}
+
+impl Garbage {
+    const ALL: [Garbage; 6] = [
+        Garbage::NotUtf8,
+        Garbage::NotJson,
+        Garbage::NonObject,
+        Garbage::Empty,
+        Garbage::TruncatedMsgpack,
+        Garbage::WrongTypes,
+    ];
+
+    /// The frame, for a JSON receiver (EC control) or a msgpack one (P2P).
+    pub fn frame(self, msgpack: bool) -> Vec<u8> {
+        match self {
+            Garbage::NotUtf8 => vec![0xff, 0xfe, 0xc1, 0x00],
+            Garbage::NotJson => b"{not json".to_vec(),
+            Garbage::NonObject => b"[]".to_vec(),
+            Garbage::Empty => Vec::new(),
+            // fixmap of 2, "type" (fixstr 4), then nothing.
+            Garbage::TruncatedMsgpack => vec![0x82, 0xa4, b't', b'y', b'p', b'e'],
+            Garbage::WrongTypes if msgpack => {
+                // {"type": "fetch"}: a known type missing every field.
+                let mut f = vec![0x81, 0xa4];
+                f.extend_from_slice(b"type");
+                f.push(0xa5);
+                f.extend_from_slice(b"fetch");
+                f
+            }
+            Garbage::WrongTypes => br#"{"op": 7}"#.to_vec(),
+        }
+    }
+}
+
+/// One thing that goes wrong.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Every segment between `a` and `b`, both ways, is dropped for `for_ms` (shorter
+    /// than the heartbeat timeout: the links should survive it or reconnect).
+    Partition { a: String, b: String, for_ms: u64 },
+    /// Segments from `from` to `to` are dropped for `for_ms`; the other way works.
+    OneWay { from: String, to: String, for_ms: u64 },
+    /// Segments between `a` and `b` are held for `for_ms`, then all delivered at once.
+    Hold { a: String, b: String, for_ms: u64 },
+    /// `host`'s software stops (sockets gone, no FIN) and restarts after `down_ms`.
+    Crash { host: String, down_ms: u64 },
+    /// A partition longer than the heartbeat timeout: the links must be found dead.
+    LongPartition { a: String, b: String, for_ms: u64 },
+    /// Requests `host` handles during `for_ms` are answered `delay_ms` late (longer than
+    /// the client timeout).
+    SlowHandler { host: String, delay_ms: u64, for_ms: u64 },
+    /// `from` sends `count` frames of `garbage` to `to` in place of its next requests.
+    Malformed { from: String, to: String, count: u32, garbage: Garbage },
+    /// `host` restarts at once, `gap_ms` after a partition from `peer` of `partition_ms`
+    /// heals (none if 0), so its reconnect races `peer`'s poll, heartbeat and its own
+    /// old connection's teardown.
+    ReconnectRace { host: String, peer: String, partition_ms: u64, gap_ms: u64 },
+}
+
+impl FaultKind {
+    /// Stable short name, used in trace kinds (`fault.<name>`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FaultKind::Partition { .. } => "partition",
+            FaultKind::OneWay { .. } => "one_way",
+            FaultKind::Hold { .. } => "hold",
+            FaultKind::Crash { .. } => "crash",
+            FaultKind::LongPartition { .. } => "long_partition",
+            FaultKind::SlowHandler { .. } => "slow_handler",
+            FaultKind::Malformed { .. } => "malformed",
+            FaultKind::ReconnectRace { .. } => "reconnect_race",
+        }
+    }
+
+    /// How long the fault lasts from its start, ms.
+    pub fn span_ms(&self) -> u64 {
+        match self {
+            FaultKind::Partition { for_ms, .. }
+            | FaultKind::OneWay { for_ms, .. }
+            | FaultKind::Hold { for_ms, .. }
+            | FaultKind::LongPartition { for_ms, .. }
+            | FaultKind::SlowHandler { for_ms, .. } => *for_ms,
+            FaultKind::Crash { down_ms, .. } => *down_ms,
+            FaultKind::Malformed { .. } => 0,
+            FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
+        }
+    }
+
+    /// Every host the fault names.
+    pub fn hosts(&self) -> Vec<&str> {
+        match self {
+            FaultKind::Partition { a, b, .. }
+            | FaultKind::Hold { a, b, .. }
+            | FaultKind::LongPartition { a, b, .. } => {
+                vec![a, b]
+            }
+            FaultKind::OneWay { from, to, .. } | FaultKind::Malformed { from, to, .. } => vec![from, to],
+            FaultKind::Crash { host, .. } | FaultKind::SlowHandler { host, .. } => vec![host],
+            FaultKind::ReconnectRace { host, peer, .. } => vec![host, peer],
+        }
+    }
+
+    /// What the fault occupies while it lasts: a link (`a|b`, sorted) or a host's
+    /// software (`host`). Two faults on one resource must not overlap: turmoil keeps one
+    /// state per link direction, and a restart would cut a crash short.
+    fn resources(&self) -> Vec<String> {
+        let link = |a: &str, b: &str| if a < b { format!("link {a}|{b}") } else { format!("link {b}|{a}") };
+        match self {
+            FaultKind::Partition { a, b, .. }
+            | FaultKind::Hold { a, b, .. }
+            | FaultKind::LongPartition { a, b, .. } => {
+                vec![link(a, b)]
+            }
+            FaultKind::OneWay { from, to, .. } => vec![link(from, to)],
+            FaultKind::Crash { host, .. } => vec![format!("host {host}")],
+            FaultKind::SlowHandler { host, .. } => vec![format!("handler {host}")],
+            FaultKind::Malformed { .. } => Vec::new(),
+            FaultKind::ReconnectRace { host, peer, partition_ms, .. } => {
+                let mut r = vec![format!("host {host}")];
+                if *partition_ms > 0 {
+                    r.push(link(host, peer));
+                }
+                r
+            }
+        }
+    }
+}
+
+/// One fault and when it starts, ms of simulated time from the start of the run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    pub at_ms: u64,
+    pub kind: FaultKind,
+}
+
+/// Everything that goes wrong in one run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultPlan {
+    pub seed: u64,
+    pub swarm: Swarm,
+    /// Sorted by `at_ms` (ties keep drawing order).
+    pub faults: Vec<Fault>,
+}
+
+/// RNG stream of each drawing purpose, so that adding a kind never shifts another's draws.
+mod stream {
+    pub const SWARM: u64 = 1;
+    pub const KIND_BASE: u64 = 0x100;
+}
+
+/// Host pairs that talk to each other, and hosts by role, as the draw needs them.
+struct Targets {
+    /// Every pair with a TCP connection between them (producer/scheduler to consumer
+    /// rank, P2P peer to P2P peer), each once.
+    links: Vec<(String, String)>,
+    hosts: Vec<String>,
+    ranks: Vec<String>,
+    /// `(from, to, to speaks msgpack)`.
+    senders: Vec<(String, String, bool)>,
+    p2p_pairs: Vec<(String, String)>,
+}
+
+impl Targets {
+    fn of(topo: &Topology) -> Self {
+        let ranks: Vec<String> = topo.ranks().into_iter().map(|(_, _, h)| h.to_string()).collect();
+        let mut links = Vec::new();
+        let mut senders = Vec::new();
+        for client in topo.producers.iter().chain(&topo.schedulers) {
+            for r in &ranks {
+                links.push((client.clone(), r.clone()));
+                senders.push((client.clone(), r.clone(), false));
+            }
+        }
+        let mut p2p_pairs = Vec::new();
+        for (i, a) in topo.p2p_peers.iter().enumerate() {
+            for b in &topo.p2p_peers[i + 1..] {
+                links.push((a.clone(), b.clone()));
+                p2p_pairs.push((a.clone(), b.clone()));
+            }
+            for b in &topo.p2p_peers {
+                if a != b {
+                    senders.push((a.clone(), b.clone(), true));
+                }
+            }
+        }
+        Targets { links, hosts: topo.hosts(), ranks, senders, p2p_pairs }
+    }
+}
+
+fn pick<'a, T>(rng: &mut ChaCha8Rng, v: &'a [T]) -> Option<&'a T> {
+    if v.is_empty() {
+        None
+    } else {
+        v.get(rng.gen_range(0..v.len()))
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl FaultPlan {
+    /// No faults at all (the swarm switches everything off).
+    pub fn none(seed: u64) -> Self {
+        FaultPlan { seed, swarm: Swarm::default(), faults: Vec::new() }
+    }
+
+    /// The plan of `seed` for `topo`: every fault starts and ends inside `horizon` (the
+    /// active phase). Durations straddle the thresholds that matter: short partitions
+    /// stay under the heartbeat timeout, long ones exceed it by at least one heartbeat
+    /// interval, slow handlers exceed the client timeout.
+    pub fn draw(seed: u64, topo: &Topology, horizon: Duration) -> Self {
+        let horizon_ms = ms(horizon);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream::SWARM);
+        let mut rate = || {
+            let enabled = rng.gen_bool(0.5);
+            KindRate { enabled, per_hour: if enabled { rng.gen_range(30..=240) } else { 0 } }
+        };
+        let swarm = Swarm {
+            partition: rate(),
+            one_way: rate(),
+            hold: rate(),
+            crash: rate(),
+            long_partition: rate(),
+            slow_handler: rate(),
+            malformed: rate(),
+            reconnect_race: rate(),
+        };
+        let t = Targets::of(topo);
+        let kinds = [
+            swarm.partition,
+            swarm.one_way,
+            swarm.hold,
+            swarm.crash,
+            swarm.long_partition,
+            swarm.slow_handler,
+            swarm.malformed,
+            swarm.reconnect_race,
+        ];
+        let mut drawn = Vec::new();
+        for (k, kr) in kinds.iter().enumerate() {
+            if !kr.enabled {
+                continue;
+            }
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(stream::KIND_BASE + k as u64);
+            // Expected count per_hour * horizon; the fraction decides one more or not.
+            let expected_milli = u128::from(kr.per_hour) * u128::from(horizon_ms) * 1000 / 3_600_000;
+            let mut n = (expected_milli / 1000) as u64;
+            if rng.gen_range(0..1000) < (expected_milli % 1000) as u64 {
+                n += 1;
+            }
+            for _ in 0..n {
+                if let Some(kind) = draw_kind(k, &mut rng, &t) {
+                    let span = kind.span_ms();
+                    if span >= horizon_ms {
+                        continue;
+                    }
+                    let mut at_ms = rng.gen_range(0..horizon_ms - span);
+                    if let FaultKind::ReconnectRace { partition_ms: 0, .. } = kind {
+                        // Line the restart up with a poll tick, give or take a millisecond.
+                        let tick = ms(POLL_INTERVAL).max(1);
+                        at_ms = (at_ms / tick * tick + rng.gen_range(0..=2)).saturating_sub(1);
+                    }
+                    drawn.push(Fault { at_ms, kind });
+                }
+            }
+        }
+        drawn.sort_by_key(|f| f.at_ms);
+        // Keep a fault only if its link or host is free for its whole span.
+        let mut busy: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+        let mut faults = Vec::new();
+        for f in drawn {
+            let (s, e) = (f.at_ms, f.at_ms + f.kind.span_ms());
+            let res = f.kind.resources();
+            let clash = res.iter().any(|r| busy.get(r).is_some_and(|w| w.iter().any(|&(s2, e2)| s <= e2 && s2 <= e)));
+            if clash {
+                continue;
+            }
+            for r in res {
+                busy.entry(r).or_default().push((s, e));
+            }
+            faults.push(f);
+        }
+        FaultPlan { seed, swarm, faults }
+    }
+
+    /// Pretty JSON, as `ctlsim plan` prints it and `--plan` reads it.
+    pub fn to_json(&self) -> String {
+        // A plan holds only strings, integers and enums: serialising cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Reads a plan written by [`Self::to_json`] (or by hand). The faults are sorted by
+    /// start; whether they fit a topology is [`Self::validate`]'s business.
+    pub fn from_json(s: &str) -> Result<Self, FaultError> {
+        let mut plan: FaultPlan = serde_json::from_str(s)?;
+        plan.faults.sort_by_key(|f| f.at_ms);
+        plan.check_shape()?;
+        Ok(plan)
+    }
+
+    /// Checks that every host exists in `topo`, no fault joins a host to itself, and no two
+    /// faults hold one link or host at the same time.
+    pub fn validate(&self, topo: &Topology) -> Result<(), FaultError> {
+        self.check_shape()?;
+        let hosts: BTreeSet<String> = topo.hosts().into_iter().collect();
+        for (index, f) in self.faults.iter().enumerate() {
+            for h in f.kind.hosts() {
+                if !hosts.contains(h) {
+                    return Err(FaultError::UnknownHost { index, host: h.to_string() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_shape(&self) -> Result<(), FaultError> {
+        let mut busy: BTreeMap<String, Vec<(usize, u64, u64)>> = BTreeMap::new();
+        for (index, f) in self.faults.iter().enumerate() {
+            let hosts = f.kind.hosts();
+            if hosts.len() == 2 && hosts[0] == hosts[1] {
+                return Err(FaultError::SameHost { index, host: hosts[0].to_string() });
+            }
+            if let FaultKind::Malformed { count: 0, .. } = f.kind {
+                return Err(FaultError::Invalid { index, what: "a malformed fault needs count >= 1" });
+            }
+            let (s, e) = (f.at_ms, f.at_ms.saturating_add(f.kind.span_ms()));
+            for r in f.kind.resources() {
+                let w = busy.entry(r.clone()).or_default();
+                if let Some(&(other, _, _)) = w.iter().find(|&&(_, s2, e2)| s <= e2 && s2 <= e) {
+                    return Err(FaultError::Overlap { index, other, resource: r });
+                }
+                w.push((index, s, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// When the last fault ends, ms.
+    pub fn end_ms(&self) -> u64 {
+        self.faults.iter().map(|f| f.at_ms + f.kind.span_ms()).max().unwrap_or(0)
+    }
+}
+
+/// Draws one fault of kind index `k` (the order of [`Swarm`]'s fields).
+fn draw_kind(k: usize, rng: &mut ChaCha8Rng, t: &Targets) -> Option<FaultKind> {
+    let hb = ms(HEARTBEAT_TIMEOUT);
+    let ivl = ms(HEARTBEAT_IVL);
+    Some(match k {
+        0 => {
+            let (a, b) = pick(rng, &t.links)?.clone();
+            FaultKind::Partition { a, b, for_ms: rng.gen_range(200..hb - ivl) }
+        }
+        1 => {
+            let (a, b) = pick(rng, &t.links)?.clone();
+            let (from, to) = if rng.gen_bool(0.5) { (a, b) } else { (b, a) };
+            FaultKind::OneWay { from, to, for_ms: rng.gen_range(500..=2 * hb) }
+        }
+        2 => {
+            let (a, b) = pick(rng, &t.links)?.clone();
+            FaultKind::Hold { a, b, for_ms: rng.gen_range(5..=2_000) }
+        }
+        3 => {
+            let host = pick(rng, &t.hosts)?.clone();
+            FaultKind::Crash { host, down_ms: rng.gen_range(0..=15_000) }
+        }
+        4 => {
+            let (a, b) = pick(rng, &t.links)?.clone();
+            FaultKind::LongPartition { a, b, for_ms: rng.gen_range(hb + ivl + 1_000..=3 * hb) }
+        }
+        5 => {
+            let host = pick(rng, &t.ranks)?.clone();
+            let timeout = ms(CLIENT_TIMEOUT);
+            FaultKind::SlowHandler {
+                host,
+                delay_ms: rng.gen_range(timeout + 1..=timeout * 3 / 2),
+                for_ms: rng.gen_range(1_000..=20_000),
+            }
+        }
+        6 => {
+            let (from, to, _) = pick(rng, &t.senders)?.clone();
+            let garbage = *pick(rng, &Garbage::ALL)?;
+            FaultKind::Malformed { from, to, count: rng.gen_range(1..=3), garbage }
+        }
+        7 => {
+            let (a, b) = pick(rng, &t.p2p_pairs)?.clone();
+            let (host, peer) = if rng.gen_bool(0.5) { (a, b) } else { (b, a) };
+            let partition_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1_000..=2 * hb) };
+            FaultKind::ReconnectRace { host, peer, partition_ms, gap_ms: rng.gen_range(0..=20) }
+        }
+        _ => return None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side: faults a host plays itself.
+
+#[derive(Default)]
+struct HostFaults {
+    delays: BTreeMap<String, Duration>,
+    /// Per sender: `(to, garbage)` frames still to send, in order.
+    malformed: BTreeMap<String, VecDeque<(String, Garbage)>>,
+}
+
+thread_local! {
+    static HOST_FAULTS: RefCell<HostFaults> = RefCell::new(HostFaults::default());
+}
+
+/// Forget every host-side fault; [`FaultDriver::new`] calls it.
+pub fn reset() {
+    HOST_FAULTS.with(|h| *h.borrow_mut() = HostFaults::default());
+}
+
+/// How much later than usual `host` answers a request it handles now, if a slow-handler
+/// fault is active on it.
+pub fn handler_delay(host: &str) -> Option<Duration> {
+    HOST_FAULTS.with(|h| h.borrow().delays.get(host).copied())
+}
+
+/// The next malformed frame `host` must send (to any receiver) in place of a request;
+/// a JSON-shaped frame, for the EC control channel.
+pub fn take_malformed(host: &str) -> Option<Vec<u8>> {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let q = h.malformed.get_mut(host)?;
+        let (_, g) = q.pop_front()?;
+        Some(g.frame(false))
+    })
+}
+
+/// The next malformed frame `host` must send to `to`, msgpack-shaped when `msgpack`.
+pub fn take_malformed_to(host: &str, to: &str, msgpack: bool) -> Option<Vec<u8>> {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let q = h.malformed.get_mut(host)?;
+        let i = q.iter().position(|(t, _)| t == to)?;
+        let (_, g) = q.remove(i)?;
+        Some(g.frame(msgpack))
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Engine side: applying the plan to the turmoil world.
+
+/// One step of a fault on the world.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Step {
+    Partition {
+        a: String,
+        b: String,
+    },
+    Repair {
+        a: String,
+        b: String,
+    },
+    OneWay {
+        from: String,
+        to: String,
+    },
+    RepairOneWay {
+        from: String,
+        to: String,
+    },
+    Hold {
+        a: String,
+        b: String,
+    },
+    Release {
+        a: String,
+        b: String,
+    },
+    Crash {
+        host: String,
+    },
+    Restart {
+        host: String,
+    },
+    /// A restart that is the fault itself (a reconnect race), not the end of a crash.
+    Bounce {
+        host: String,
+    },
+    SlowOn {
+        host: String,
+        delay: Duration,
+    },
+    SlowOff {
+        host: String,
+    },
+    Malformed {
+        from: String,
+        to: String,
+        count: u32,
+        garbage: Garbage,
+    },
+}
+
+impl Step {
+    /// Steps that undo a fault (run by [`FaultDriver::heal_all`] even when not yet due).
+    fn is_heal(&self) -> bool {
+        matches!(
+            self,
+            Step::Repair { .. }
+                | Step::RepairOneWay { .. }
+                | Step::Release { .. }
+                | Step::Restart { .. }
+                | Step::SlowOff { .. }
+        )
+    }
+}
+
+/// Applies a [`FaultPlan`] to a turmoil world as simulated time passes, and heals it.
+pub struct FaultDriver {
+    /// `(due ms, fault index, step)`, in order of due time.
+    pending: VecDeque<(u64, usize, Step)>,
+    /// Directions whose segments cannot arrive now, with how many faults block each.
+    blocked: BTreeMap<(IpAddr, IpAddr), u32>,
+    names: Vec<&'static str>,
+    /// Faults whose first step ran: only their heals run in [`Self::heal_all`].
+    started: BTreeSet<usize>,
+}
+
+impl FaultDriver {
+    /// A driver for `plan`; clears the host-side fault table.
+    pub fn new(plan: &FaultPlan) -> Self {
+        reset();
+        let mut steps: Vec<(u64, usize, usize, Step)> = Vec::new();
+        let mut push = |t: u64, i: usize, s: Step| {
+            let n = steps.len();
+            steps.push((t, i, n, s));
+        };
+        for (i, f) in plan.faults.iter().enumerate() {
+            let t = f.at_ms;
+            match f.kind.clone() {
+                FaultKind::Partition { a, b, for_ms } | FaultKind::LongPartition { a, b, for_ms } => {
+                    push(t, i, Step::Partition { a: a.clone(), b: b.clone() });
+                    push(t + for_ms, i, Step::Repair { a, b });
+                }
+                FaultKind::OneWay { from, to, for_ms } => {
+                    push(t, i, Step::OneWay { from: from.clone(), to: to.clone() });
+                    push(t + for_ms, i, Step::RepairOneWay { from, to });
+                }
+                FaultKind::Hold { a, b, for_ms } => {
+                    push(t, i, Step::Hold { a: a.clone(), b: b.clone() });
+                    push(t + for_ms, i, Step::Release { a, b });
+                }
+                FaultKind::Crash { host, down_ms } => {
+                    push(t, i, Step::Crash { host: host.clone() });
+                    push(t + down_ms, i, Step::Restart { host });
+                }
+                FaultKind::SlowHandler { host, delay_ms, for_ms } => {
+                    push(t, i, Step::SlowOn { host: host.clone(), delay: Duration::from_millis(delay_ms) });
+                    push(t + for_ms, i, Step::SlowOff { host });
+                }
+                FaultKind::Malformed { from, to, count, garbage } => {
+                    push(t, i, Step::Malformed { from, to, count, garbage });
+                }
+                FaultKind::ReconnectRace { host, peer, partition_ms, gap_ms } => {
+                    if partition_ms > 0 {
+                        push(t, i, Step::Partition { a: host.clone(), b: peer.clone() });
+                        push(t + partition_ms, i, Step::Repair { a: host.clone(), b: peer });
+                    }
+                    // A bounce: the old incarnation's tasks and sockets go, a new one starts.
+                    push(t + partition_ms + gap_ms, i, Step::Bounce { host });
+                }
+            }
+        }
+        // By time; at one instant heals before new faults, then plan order.
+        steps.sort_by_key(|(t, i, n, s)| (*t, !s.is_heal(), *i, *n));
+        let names = plan.faults.iter().map(|f| f.kind.name()).collect();
+        FaultDriver {
+            pending: steps.into_iter().map(|(t, i, _, s)| (t, i, s)).collect(),
+            blocked: BTreeMap::new(),
+            names,
+            started: BTreeSet::new(),
+        }
+    }
+
+    /// Simulated time of the next fault step, if any remain.
+    pub fn next_due(&self) -> Option<Duration> {
+        self.pending.front().map(|(t, _, _)| Duration::from_millis(*t))
+    }
+
+    /// Applies every step due at or before `now` (`Sim::elapsed`).
+    pub fn step(&mut self, sim: &mut turmoil::Sim<'_>, now: Duration) {
+        let now_ms = now.as_millis() as u64;
+        while self.pending.front().is_some_and(|(t, _, _)| *t <= now_ms) {
+            if let Some((_, i, s)) = self.pending.pop_front() {
+                self.apply(sim, now, i, s);
+            }
+        }
+    }
+
+    /// Ends every fault now: heal steps still pending run at once, faults not yet started
+    /// are dropped, and unsent malformed frames and slow handlers are forgotten.
+    pub fn heal_all(&mut self, sim: &mut turmoil::Sim<'_>, now: Duration) {
+        for (_, i, s) in std::mem::take(&mut self.pending) {
+            if s.is_heal() && self.started.contains(&i) {
+                self.apply(sim, now, i, s);
+            }
+        }
+        HOST_FAULTS.with(|h| h.borrow_mut().malformed.clear());
+        crate::trace::record_at(now.as_nanos() as u64, "engine", "fault.heal_all", &[]);
+    }
+
+    /// Whether segments from `a` to `b` cannot arrive now (partitioned or held), so the
+    /// engine need not wait for the bytes in flight between them.
+    pub fn is_partitioned(&self, a: IpAddr, b: IpAddr) -> bool {
+        self.blocked.get(&(a, b)).is_some_and(|n| *n > 0)
+    }
+
+    fn block(&mut self, sim: &turmoil::Sim<'_>, from: &str, to: &str, on: bool) {
+        let key = (sim.lookup(from), sim.lookup(to));
+        let n = self.blocked.entry(key).or_insert(0);
+        if on {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.blocked.remove(&key);
+            }
+        }
+    }
+
+    fn apply(&mut self, sim: &mut turmoil::Sim<'_>, now: Duration, index: usize, s: Step) {
+        self.started.insert(index);
+        let t_ns = now.as_nanos() as u64;
+        let kind = format!("fault.{}", self.names.get(index).copied().unwrap_or("unknown"));
+        let rec = |action: &str, fields: &[(&str, &dyn std::fmt::Display)]| {
+            let mut all: Vec<(&str, &dyn std::fmt::Display)> = vec![("fault", &index), ("action", &action)];
+            all.extend_from_slice(fields);
+            crate::trace::record_at(t_ns, "engine", &kind, &all);
+        };
+        match s {
+            Step::Partition { a, b } => {
+                sim.partition(a.as_str(), b.as_str());
+                self.block(sim, &a, &b, true);
+                self.block(sim, &b, &a, true);
+                rec("partition", &[("a", &a), ("b", &b)]);
+            }
+            Step::Repair { a, b } => {
+                sim.repair(a.as_str(), b.as_str());
+                self.block(sim, &a, &b, false);
+                self.block(sim, &b, &a, false);
+                rec("repair", &[("a", &a), ("b", &b)]);
+            }
+            Step::OneWay { from, to } => {
+                sim.partition_oneway(from.as_str(), to.as_str());
+                self.block(sim, &from, &to, true);
+                rec("partition_oneway", &[("from", &from), ("to", &to)]);
+            }
+            Step::RepairOneWay { from, to } => {
+                sim.repair_oneway(from.as_str(), to.as_str());
+                self.block(sim, &from, &to, false);
+                rec("repair_oneway", &[("from", &from), ("to", &to)]);
+            }
+            Step::Hold { a, b } => {
+                sim.hold(a.as_str(), b.as_str());
+                self.block(sim, &a, &b, true);
+                self.block(sim, &b, &a, true);
+                rec("hold", &[("a", &a), ("b", &b)]);
+            }
+            Step::Release { a, b } => {
+                sim.release(a.as_str(), b.as_str());
+                self.block(sim, &a, &b, false);
+                self.block(sim, &b, &a, false);
+                rec("release", &[("a", &a), ("b", &b)]);
+            }
+            Step::Crash { host } => {
+                sim.crash(host.as_str());
+                rec("crash", &[("host", &host)]);
+            }
+            Step::Restart { host } => {
+                sim.bounce(host.as_str());
+                rec("restart", &[("host", &host)]);
+            }
+            Step::Bounce { host } => {
+                sim.bounce(host.as_str());
+                rec("bounce", &[("host", &host)]);
+            }
+            Step::SlowOn { host, delay } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().delays.insert(host.clone(), delay));
+                rec("slow_on", &[("host", &host), ("delay_ms", &delay.as_millis())]);
+            }
+            Step::SlowOff { host } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().delays.remove(&host));
+                rec("slow_off", &[("host", &host)]);
+            }
+            Step::Malformed { from, to, count, garbage } => {
+                HOST_FAULTS.with(|h| {
+                    let mut h = h.borrow_mut();
+                    let q = h.malformed.entry(from.clone()).or_default();
+                    q.extend(std::iter::repeat_n((to.clone(), garbage), count as usize));
+                });
+                rec(
+                    "arm",
+                    &[("from", &from), ("to", &to), ("count", &count), ("garbage", &format_args!("{garbage:?}"))],
+                );
+            }
+        }
+        crate::clock::note_activity();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draw_is_a_function_of_the_seed() {
+        let topo = Topology::full();
+        let h = Duration::from_secs(120);
+        assert_eq!(FaultPlan::draw(7, &topo, h), FaultPlan::draw(7, &topo, h));
+        let distinct: BTreeSet<String> = (0..20).map(|s| FaultPlan::draw(s, &topo, h).to_json()).collect();
+        assert!(distinct.len() > 15, "seeds give different plans");
+    }
+
+    #[test]
+    fn json_round_trips_and_validates() {
+        let topo = Topology::full();
+        for seed in 0..50 {
+            let plan = FaultPlan::draw(seed, &topo, Duration::from_secs(120));
+            let back = FaultPlan::from_json(&plan.to_json()).unwrap();
+            assert_eq!(back, plan);
+            plan.validate(&topo).unwrap();
+            assert!(plan.end_ms() < 120_000);
+        }
+    }
+
+    #[test]
+    fn bad_plans_are_refused_with_a_reason() {
+        let topo = Topology::small();
+        let mut plan = FaultPlan::none(1);
+        plan.faults.push(Fault { at_ms: 0, kind: FaultKind::Crash { host: "nobody".into(), down_ms: 5 } });
+        assert!(matches!(plan.validate(&topo), Err(FaultError::UnknownHost { index: 0, .. })));
+        plan.faults = vec![
+            Fault { at_ms: 0, kind: FaultKind::Partition { a: "peer0".into(), b: "peer1".into(), for_ms: 100 } },
+            Fault { at_ms: 50, kind: FaultKind::Hold { a: "peer1".into(), b: "peer0".into(), for_ms: 100 } },
+        ];
+        assert!(matches!(FaultPlan::from_json(&plan.to_json()), Err(FaultError::Overlap { index: 1, other: 0, .. })));
+        assert!(matches!(FaultPlan::from_json("{\"seed\": 1"), Err(FaultError::Json(_))));
+        plan.faults =
+            vec![Fault { at_ms: 0, kind: FaultKind::Hold { a: "peer1".into(), b: "peer1".into(), for_ms: 1 } }];
+        assert!(matches!(plan.validate(&topo), Err(FaultError::SameHost { .. })));
+    }
+
+    #[test]
+    fn swarm_switches_kinds_off_and_thresholds_are_crossed() {
+        let topo = Topology::full();
+        let plans: Vec<FaultPlan> = (0..200).map(|s| FaultPlan::draw(s, &topo, Duration::from_secs(120))).collect();
+        let kinds = |p: &FaultPlan| p.faults.iter().map(|f| f.kind.name()).collect::<BTreeSet<_>>();
+        assert!(plans.iter().any(|p| !kinds(p).contains("partition") && kinds(p).contains("crash")));
+        for p in &plans {
+            for f in &p.faults {
+                match &f.kind {
+                    FaultKind::Partition { for_ms, .. } => assert!(*for_ms < ms(HEARTBEAT_TIMEOUT)),
+                    FaultKind::LongPartition { for_ms, .. } => {
+                        assert!(*for_ms > ms(HEARTBEAT_TIMEOUT + HEARTBEAT_IVL))
+                    }
+                    FaultKind::SlowHandler { delay_ms, .. } => assert!(*delay_ms > ms(CLIENT_TIMEOUT)),
+                    _ => {}
+                }
+            }
+        }
+        let all: BTreeSet<&str> = plans.iter().flat_map(|p| p.faults.iter().map(|f| f.kind.name())).collect();
+        assert_eq!(all.len(), 8, "every kind is drawn by some seed: {all:?}");
+    }
+
+    #[test]
+    fn host_table_plays_malformed_frames_by_target() {
+        reset();
+        HOST_FAULTS.with(|h| {
+            h.borrow_mut()
+                .malformed
+                .entry("a".into())
+                .or_default()
+                .extend([("b".to_string(), Garbage::NotJson), ("c".to_string(), Garbage::WrongTypes)])
+        });
+        assert_eq!(take_malformed_to("a", "c", true), Some(Garbage::WrongTypes.frame(true)));
+        assert_eq!(take_malformed_to("a", "c", true), None);
+        assert_eq!(take_malformed("a"), Some(b"{not json".to_vec()));
+        assert_eq!(take_malformed("a"), None);
+        assert_eq!(handler_delay("a"), None);
+    }
+}
