@@ -1,0 +1,182 @@
+//! A consumer rank: one [`ConsumerShard`] behind a REP and a PUSH, served by the loop of
+//! `zmq-backend/src/serve_loop.rs`: publish queued events until EAGAIN, reap when due,
+//! wait for a request (or, with events queued behind a full PUSH, for one tick), answer it.
+//!
+//! The shard is registered in the world so that the scheduler's loads (`take`, `retire`,
+//! the model thread's calls in production) reach it, and the device registers its slab.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use ctlplane_core::ec::inbox::decode_event;
+use ctlplane_core::ec::{ConsumerShard, ShardConfig};
+
+use super::world::{self, stream, Rank};
+use crate::clock;
+use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
+
+/// The REP receive timeout of the reference loop: with events stuck behind a full PUSH,
+/// the loop looks again this often.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Mooncake RPC port of a rank's first incarnation; each restart registers its slab
+/// under the next one, so a writer holding an old `dst_session` reaches nothing.
+const RPC_PORT: u16 = 15000;
+/// Event ports: `EVENT_PORT_BASE + 1000 * consumer + 100 * rank + incarnation % 100`.
+/// libzmq picks an ephemeral port; here the ranks of one replica share the replica's
+/// address, so each picks a distinct one, and a restarted rank a new one, as a fresh
+/// ephemeral bind would.
+const EVENT_PORT_BASE: u16 = 40000;
+/// Binds refused (the previous incarnation's port not yet released) before giving up.
+const BIND_ATTEMPTS: u32 = 50;
+
+/// Runs one rank until its serving loop fails; turmoil restarts it on `bounce`.
+pub async fn run(host: String) -> turmoil::Result {
+    let incarnation = world::start_incarnation(&host);
+    let Some((spec, rank, consumer, index, seed)) = world::with(|w| {
+        let (spec, rank) = w.topo.rank_of(&host)?;
+        let consumer = w.topo.consumers.iter().position(|c| c.name == spec.name)?;
+        let index = w.topo.ranks().iter().position(|(_, _, h)| *h == host)?;
+        Some((spec.clone(), rank, consumer, index, w.seed))
+    }) else {
+        return Ok(());
+    };
+    let port = spec.rank_port(rank);
+    let event_port = EVENT_PORT_BASE + 1000 * consumer as u16 + 100 * rank as u16 + (incarnation % 100) as u16;
+    let session = format!("{host}:{}", RPC_PORT + (incarnation % 1000) as u16);
+    let slab_base = 0x7000_0000_0000u64 + ((index as u64) << 36);
+    let mut config = ShardConfig::new(port, spec.pool_bytes);
+    config.peer_ports = spec.peer_ports();
+    config.dst_session = session.clone();
+    config.slab_base = slab_base;
+    let rng = world::rng(seed, stream::SHARD, (index as u64) << 32 | u64::from(incarnation));
+    let shard = Rc::new(RefCell::new(ConsumerShard::new(config, rng, clock::now())));
+
+    let ctx = Context::new(&host);
+    let rep = Socket::new(&ctx, SocketType::Rep, SocketOptions::default());
+    let push = Socket::new(&ctx, SocketType::Push, SocketOptions::default());
+    if !bind_retrying(&host, &rep, port).await || !bind_retrying(&host, &push, event_port).await {
+        crate::trace::record(&host, "ec.shard.bind_failed", &[("port", &port)]);
+        return Ok(());
+    }
+    shard.borrow_mut().set_event_port(event_port);
+    world::with(|w| {
+        w.device.register(&session, &host, slab_base, spec.pool_bytes);
+        w.event_ports.insert((spec.name.clone(), event_port), host.clone());
+        w.ranks.insert(
+            host.clone(),
+            Rank { shard: shard.clone(), incarnation, session: session.clone(), consumer, rank, owed: None },
+        );
+    });
+    crate::trace::record(&host, "ec.shard.start", &[("incarnation", &incarnation), ("event_port", &event_port)]);
+
+    let result = serve(&host, consumer, rank, &shard, &rep, &push).await;
+    if let Err(e) = result {
+        // Afterwards clients only see timeouts (spec 2.5, race S2).
+        crate::trace::record(&host, "ec.shard.stopped", &[("error", &e)]);
+        tracing::error!(%host, error = %e, "EC control channel stopped serving");
+    }
+    world::with(|w| w.rank_down(&host));
+    Ok(())
+}
+
+async fn bind_retrying(host: &str, socket: &Socket, port: u16) -> bool {
+    for _ in 0..BIND_ATTEMPTS {
+        match socket.bind(&format!("tcp://0.0.0.0:{port}")).await {
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::debug!(%host, port, error = %e, "bind refused; retrying");
+                clock::sleep(TICK).await;
+            }
+        }
+    }
+    false
+}
+
+async fn serve(
+    host: &str,
+    consumer: usize,
+    rank: u32,
+    shard: &Rc<RefCell<world::Shard>>,
+    rep: &Socket,
+    push: &Socket,
+) -> Result<(), ZmqError> {
+    loop {
+        flush_events(host, consumer, rank, shard, push)?;
+        let now = clock::now();
+        let due = {
+            let mut s = shard.borrow_mut();
+            if s.poll_timeout().is_some_and(|d| now >= d) {
+                s.handle_timeout(now);
+                world::with(|w| w.dirty.insert(host.to_string()));
+            }
+            s.poll_timeout()
+        };
+        let pending = shard.borrow().pending_events() > 0;
+        let mut wake = due.unwrap_or(now + TICK);
+        if pending {
+            wake = wake.min(now + TICK);
+        }
+        tokio::select! {
+            biased;
+            _ = rep.readable() => {}
+            _ = clock::sleep_until(wake) => continue,
+        }
+        let msg = match rep.try_recv() {
+            Ok(m) => m,
+            Err(ZmqError::Again) => continue,
+            Err(e) => return Err(e),
+        };
+        // One frame per request; a multi-part request is answered as malformed.
+        let frame = match msg.as_slice() {
+            [frame] => frame.clone(),
+            _ => Vec::new(),
+        };
+        let received = clock::now();
+        let delay = crate::faults::handler_delay(host);
+        world::with(|w| {
+            if let Some(r) = w.ranks.get_mut(host) {
+                r.owed = Some((received, received + delay.unwrap_or(Duration::ZERO)));
+            }
+        });
+        if let Some(delay) = delay {
+            crate::trace::record(host, "ec.slow_handler", &[("delay_ms", &delay.as_millis())]);
+            clock::sleep(delay).await;
+        }
+        let reply = shard.borrow_mut().handle_request(&frame, clock::now());
+        world::with(|w| w.dirty.insert(host.to_string()));
+        rep.send(vec![reply]).await?;
+        world::with(|w| {
+            if let Some(r) = w.ranks.get_mut(host) {
+                r.owed = None;
+            }
+        });
+    }
+}
+
+/// Hands queued events to PUSH without blocking; EAGAIN leaves them queued.
+fn flush_events(
+    host: &str,
+    consumer: usize,
+    rank: u32,
+    shard: &Rc<RefCell<world::Shard>>,
+    push: &Socket,
+) -> Result<(), ZmqError> {
+    loop {
+        let Some(frame) = shard.borrow().peek_event().map(<[u8]>::to_vec) else { return Ok(()) };
+        let transfer_id = decode_event(&frame).ok().flatten().map(|e| e.transfer_id);
+        match push.try_send(vec![frame]) {
+            Ok(()) => {
+                shard.borrow_mut().confirm_sent();
+                if let Some(tid) = transfer_id {
+                    world::with(|w| w.published.entry((consumer, tid)).or_default().insert(rank));
+                }
+            }
+            Err(ZmqError::Again) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(%host, error = %e, "publishing an event failed");
+                return Err(e);
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The run's workload: which consumer requests arrive, when, and which items they need.
+//!
+//! In production an EPD proxy mints one transfer id per multimodal item and hands the same
+//! ids to an encoder (producer) and to the consumer's scheduler. Here the workload is drawn
+//! from the seed and both sides read it from the world. Items are drawn from a small,
+//! skewed set of mm_hashes, so that two requests often need one item: concurrent pushes
+//! of one hash make followers, a push after a load hits the resident cache, and a retried
+//! reserve is a duplicate.
+
+use std::time::Duration;
+
+use ctlplane_core::ec::producer::PushItem;
+use ctlplane_core::ec::DType;
+use ctlplane_core::time::Instant;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// Shape of the workload.
+#[derive(Clone, Debug)]
+pub struct WorkloadConfig {
+    /// Requests arrive during `[start, start + span)`.
+    pub start: Duration,
+    pub span: Duration,
+    /// Mean gap between two requests.
+    pub mean_gap: Duration,
+    /// Distinct mm_hashes the items are drawn from.
+    pub hashes: usize,
+    /// Items per request, at most.
+    pub max_items: usize,
+    /// Longest encoder run: a push's source is bound this long (at most) after it starts.
+    pub max_encode: Duration,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        WorkloadConfig {
+            start: Duration::from_millis(200),
+            span: Duration::from_secs(19),
+            mean_gap: Duration::from_millis(80),
+            hashes: 24,
+            max_items: 3,
+            max_encode: Duration::from_millis(40),
+        }
+    }
+}
+
+/// One consumer request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub id: u64,
+    /// When the proxy hands it to the producer and the scheduler.
+    pub at: Instant,
+    /// Index into `Topology::consumers`.
+    pub consumer: usize,
+    /// Index into `Topology::producers`.
+    pub producer: usize,
+    pub items: Vec<PushItem>,
+    /// Encoder run time: the push is reserved at once and its source bound this much later.
+    pub encode: Duration,
+}
+
+/// Draws the requests of a run, in arrival order.
+pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &mut ChaCha8Rng) -> Vec<Request> {
+    let hashes: Vec<(String, u64)> = (0..config.hashes)
+        .map(|i| {
+            // Rows per hash fixed, so every push of one hash has one shape.
+            let rows = [16u64, 64, 256, 1024][i % 4];
+            (hex(rng, 32), rows)
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut t = config.start;
+    let end = config.start + config.span;
+    let gap_ns = config.mean_gap.as_nanos() as u64;
+    while t < end && consumers > 0 && producers > 0 {
+        let n = rng.gen_range(1..=config.max_items.max(1));
+        let mut items: Vec<PushItem> = Vec::with_capacity(n);
+        while items.len() < n {
+            // Skewed: the low indices are popular.
+            let a = rng.gen_range(0..hashes.len());
+            let b = rng.gen_range(0..hashes.len());
+            let (mm_hash, rows) = &hashes[a.min(b)];
+            if items.iter().any(|i| &i.mm_hash == mm_hash) {
+                continue;
+            }
+            let dtype = DType::Float16;
+            items.push(PushItem {
+                transfer_id: hex(rng, 16),
+                mm_hash: mm_hash.clone(),
+                nbytes: rows * 128 * dtype.itemsize(),
+                shape: vec![*rows, 128],
+                dtype: dtype.name().to_string(),
+            });
+        }
+        out.push(Request {
+            id: out.len() as u64,
+            at: Instant::from_nanos(t.as_nanos() as u64),
+            consumer: rng.gen_range(0..consumers),
+            producer: rng.gen_range(0..producers),
+            items,
+            encode: Duration::from_nanos(rng.gen_range(0..=config.max_encode.as_nanos() as u64)),
+        });
+        t += Duration::from_nanos(rng.gen_range(0..=2 * gap_ns));
+    }
+    out
+}
+
+fn hex(rng: &mut ChaCha8Rng, bytes: usize) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    (0..bytes * 2).map(|_| char::from(DIGITS[rng.gen_range(0..16)])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn workload_is_seeded_and_shares_hashes() {
+        let cfg = WorkloadConfig::default();
+        let a = draw(&cfg, 2, 2, &mut ChaCha8Rng::seed_from_u64(1));
+        let b = draw(&cfg, 2, 2, &mut ChaCha8Rng::seed_from_u64(1));
+        let c = draw(&cfg, 2, 2, &mut ChaCha8Rng::seed_from_u64(2));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.len() > 100, "{}", a.len());
+        assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+        let items: Vec<&PushItem> = a.iter().flat_map(|r| &r.items).collect();
+        let tids: BTreeSet<&str> = items.iter().map(|i| i.transfer_id.as_str()).collect();
+        assert_eq!(tids.len(), items.len(), "transfer ids are unique");
+        let hashes: BTreeSet<&str> = items.iter().map(|i| i.mm_hash.as_str()).collect();
+        assert!(hashes.len() < items.len() / 4, "hashes repeat");
+        for i in &items {
+            assert_eq!(i.nbytes, i.shape.iter().product::<u64>() * 2);
+        }
+    }
+}

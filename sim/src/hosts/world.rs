@@ -1,0 +1,199 @@
+//! The world registry: what hosts share in-process, and the global view oracles read.
+//!
+//! Hosts are turmoil programs on one thread; state that production keeps in one process
+//! (a rank's shard, seen by its control thread and its model thread) or that stands for
+//! something out of scope (the proxy handing the same transfer ids to producer and
+//! scheduler, the Mooncake data plane) lives here, behind a thread-local. The engine
+//! installs it before a run and takes it back after.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+
+use ctlplane_core::ec::ConsumerShard;
+use ctlplane_core::time::Instant;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::workload::Request;
+use crate::device::Device;
+use crate::topology::Topology;
+
+/// A consumer rank's control shard, shared by its serving loop and the scheduler's loads.
+pub type Shard = ConsumerShard<ChaCha8Rng>;
+
+/// RNG stream of each purpose, all derived from the run seed.
+pub mod stream {
+    pub const WORKLOAD: u64 = 1;
+    pub const DEVICE: u64 = 2;
+    pub const SHARD: u64 = 3;
+    pub const TURMOIL: u64 = 4;
+}
+
+/// A ChaCha stream for `purpose` (and `salt`, e.g. a host and incarnation) of `seed`.
+pub fn rng(seed: u64, purpose: u64, salt: u64) -> ChaCha8Rng {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    r.set_stream(purpose << 48 ^ salt);
+    r
+}
+
+/// A live consumer rank.
+pub struct Rank {
+    pub shard: Rc<RefCell<Shard>>,
+    pub incarnation: u32,
+    /// Mooncake session of its slab.
+    pub session: String,
+    pub consumer: usize,
+    pub rank: u32,
+    /// A request the REP took and has not answered: since when, and by when it must be.
+    pub owed: Option<(Instant, Instant)>,
+}
+
+/// How an item of a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ItemFate {
+    /// Every rank took it.
+    Loaded,
+    /// The scheduler gave up waiting (or the transfer id collided): a retryable failure.
+    Unavailable,
+    /// Announced by every shard, but some rank could not hand it over.
+    LoadFailed,
+    /// The scheduler process restarted: its requests died with it.
+    Aborted,
+}
+
+/// A request as the scheduler resolves it.
+#[derive(Clone, Debug)]
+pub struct RequestState {
+    pub fates: Vec<Option<ItemFate>>,
+    pub resolved_at: Option<Instant>,
+}
+
+/// Everything hosts share.
+pub struct World {
+    pub topo: Topology,
+    pub seed: u64,
+    pub workload: Rc<Vec<Request>>,
+    /// transfer id -> (request, item).
+    pub items: BTreeMap<String, (usize, usize)>,
+    pub requests: Vec<RequestState>,
+    /// Live consumer ranks by host.
+    pub ranks: BTreeMap<String, Rank>,
+    /// Event ports bound, by (logical consumer host, port) -> rank host.
+    pub event_ports: BTreeMap<(String, u16), String>,
+    /// Program starts per host (0 = first start).
+    pub incarnations: BTreeMap<String, u32>,
+    pub device: Device,
+    /// Ranks that published a readiness event, by (consumer, transfer id).
+    pub published: BTreeMap<(usize, String), BTreeSet<u32>>,
+    /// Ranks whose book changed since the oracles last looked.
+    pub dirty: BTreeSet<String>,
+    pub stats: BTreeMap<String, u64>,
+}
+
+thread_local! {
+    static WORLD: RefCell<Option<World>> = const { RefCell::new(None) };
+}
+
+impl World {
+    /// A fresh world for a run.
+    pub fn new(topo: Topology, seed: u64, workload: Vec<Request>, device: Device) -> Self {
+        let mut items = BTreeMap::new();
+        for (r, req) in workload.iter().enumerate() {
+            for (i, item) in req.items.iter().enumerate() {
+                items.insert(item.transfer_id.clone(), (r, i));
+            }
+        }
+        let requests =
+            workload.iter().map(|r| RequestState { fates: vec![None; r.items.len()], resolved_at: None }).collect();
+        World {
+            topo,
+            seed,
+            workload: Rc::new(workload),
+            items,
+            requests,
+            ranks: BTreeMap::new(),
+            event_ports: BTreeMap::new(),
+            incarnations: BTreeMap::new(),
+            device,
+            published: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            stats: BTreeMap::new(),
+        }
+    }
+
+    /// Adds `n` to a counter.
+    pub fn count(&mut self, name: &str, n: u64) {
+        *self.stats.entry(name.to_string()).or_default() += n;
+    }
+
+    /// Resolves one item; returns whether that resolved its whole request.
+    pub fn resolve_item(&mut self, transfer_id: &str, fate: ItemFate, now: Instant) -> Option<usize> {
+        let &(r, i) = self.items.get(transfer_id)?;
+        let req = self.requests.get_mut(r)?;
+        if req.fates[i].is_some() {
+            return None;
+        }
+        req.fates[i] = Some(fate);
+        let done = req.fates.iter().all(Option::is_some);
+        if done {
+            req.resolved_at = Some(now);
+        }
+        let name = match fate {
+            ItemFate::Loaded => "items.loaded",
+            ItemFate::Unavailable => "items.unavailable",
+            ItemFate::LoadFailed => "items.load_failed",
+            ItemFate::Aborted => "items.aborted",
+        };
+        self.count(name, 1);
+        done.then_some(r)
+    }
+
+    /// The live shard of a rank host.
+    pub fn shard(&self, host: &str) -> Option<Rc<RefCell<Shard>>> {
+        self.ranks.get(host).map(|r| r.shard.clone())
+    }
+
+    /// A rank's program is gone (crashed or stopped): its shard, session and event port
+    /// with it.
+    pub fn rank_down(&mut self, host: &str) {
+        if let Some(rank) = self.ranks.remove(host) {
+            self.device.unregister(&rank.session);
+            self.event_ports.retain(|_, h| h != host);
+            self.dirty.remove(host);
+        }
+    }
+}
+
+/// Installs the world of a run (replacing any earlier one).
+pub fn install(world: World) {
+    WORLD.with(|w| *w.borrow_mut() = Some(world));
+}
+
+/// Removes the world after a run.
+pub fn take() -> Option<World> {
+    WORLD.with(|w| w.borrow_mut().take())
+}
+
+/// Runs `f` on the world. Panics outside a run, which is a bug in the engine.
+pub fn with<R>(f: impl FnOnce(&mut World) -> R) -> R {
+    WORLD.with(|w| {
+        let mut w = w.borrow_mut();
+        let world = w.as_mut().expect("the simulated world is installed before any host runs");
+        f(world)
+    })
+}
+
+/// A host program starts: its incarnation number (0 the first time).
+pub fn start_incarnation(host: &str) -> u32 {
+    with(|w| {
+        let e = w.incarnations.entry(host.to_string()).or_insert(u32::MAX);
+        *e = e.wrapping_add(1);
+        *e
+    })
+}
+
+/// The turmoil endpoint serving a logical endpoint (see [`Topology::resolve`]).
+pub fn resolve(endpoint: &str) -> Option<String> {
+    with(|w| w.topo.resolve(endpoint, &w.event_ports))
+}
