@@ -10,6 +10,7 @@ pub mod client;
 pub mod clock;
 pub mod inbox;
 pub mod p2p;
+mod rep_monitor;
 pub mod replica;
 pub mod requests;
 mod serve_loop;
@@ -22,7 +23,7 @@ pub use inbox::{DrainCounts, Drained, EventInbox};
 pub use p2p::{P2pError, TransportOptions, ZmqTransport};
 pub use replica::ConsumerServers;
 pub use requests::{Completion, ReserveSpec};
-pub use server::{BindCause, ConsumerControlServer, ServerOptions, SetupCause, StartError};
+pub use server::{BindCause, ConsumerControlServer, ServerOptions, SetupCause, StartError, DEFAULT_MAX_REQUEST_BYTES};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -3,14 +3,14 @@
 
 use crate::clock::Clock;
 use crate::lock;
-use crate::server::{open_sockets, BindCause, StartError};
+use crate::rep_monitor;
+use crate::server::{open_sockets, BindCause, ServerOptions, SetupCause, StartError};
 use crate::sockets::endpoint_port;
 use ctlplane_core::ec::config::zmq_path;
 use ctlplane_core::ec::ConsumerShard;
 use rand_core::RngCore;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 use thiserror::Error;
 
 /// Both sockets of a server, bound.
@@ -36,10 +36,14 @@ pub(crate) enum LoopError {
 }
 
 /// Creates the context and sockets and binds REP at `endpoint`, then PUSH on an ephemeral
-/// port of `host`, reading the chosen port back from `LAST_ENDPOINT`.
-pub(crate) fn bind(host: &str, endpoint: &str, recv_timeout: Duration) -> Result<Bound, StartError> {
+/// port of `host`, reading the chosen port back from `LAST_ENDPOINT`. The REP's dropped
+/// connections are logged from the start (see `rep_monitor`).
+pub(crate) fn bind(host: &str, endpoint: &str, port: u16, options: &ServerOptions) -> Result<Bound, StartError> {
+    let recv_timeout = options.recv_timeout;
     let ctx = zmq::Context::new();
-    let (rep, push) = open_sockets(&ctx, recv_timeout)?;
+    let (rep, push) = open_sockets(&ctx, options)?;
+    rep_monitor::spawn(&ctx, &rep, port, options.max_request_bytes)
+        .map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
     let bind_err = |endpoint: &str, source| StartError::Bind(BindCause::Zmq { endpoint: endpoint.to_string(), source });
     rep.bind(endpoint).map_err(|e| bind_err(endpoint, e))?;
     let ephemeral = zmq_path("tcp", host, 0);

@@ -26,11 +26,23 @@ pub struct ServerOptions {
     pub recv_timeout: Duration,
     /// How long `start` waits for the thread to report that it is bound.
     pub start_timeout: Duration,
+    /// `ZMQ_MAXMSGSIZE` of the REP socket: libzmq closes the connection of a client whose
+    /// request frame is larger, before allocating it (the refusal is logged, see
+    /// `rep_monitor`). `None` = unbounded, as the reference.
+    pub max_request_bytes: Option<usize>,
 }
+
+/// Default request frame bound: a `reserve_batch` of `DEFAULT_MAX_BATCH_ITEMS` (8192)
+/// items of 64-hex ids, hashes and shapes is under 3 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 16 << 20;
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        ServerOptions { recv_timeout: Duration::from_millis(100), start_timeout: Duration::from_secs(5) }
+        ServerOptions {
+            recv_timeout: Duration::from_millis(100),
+            start_timeout: Duration::from_secs(5),
+            max_request_bytes: Some(DEFAULT_MAX_REQUEST_BYTES),
+        }
     }
 }
 
@@ -107,11 +119,11 @@ impl<R: RngCore + Send + 'static> ConsumerControlServer<R> {
         let thread = {
             let (host, endpoint) = (host.to_string(), endpoint.clone());
             let (shard, stop, serving) = (shard.clone(), stop.clone(), serving.clone());
-            let recv_timeout = options.recv_timeout;
+            let options = options.clone();
             std::thread::Builder::new()
                 .name(format!("ec-control-{port}"))
                 .spawn(move || {
-                    let bound = match serve_loop::bind(&host, &endpoint, recv_timeout) {
+                    let bound = match serve_loop::bind(&host, &endpoint, port, &options) {
                         Ok(bound) => bound,
                         Err(e) => {
                             let _ = started_tx.send(Err(e));
@@ -228,9 +240,10 @@ fn serve<R: RngCore>(bound: Bound, port: u16, shard: &Mutex<ConsumerShard<R>>, c
 /// Opens both sockets of a server (kept here so `serve_loop` only moves frames).
 pub(crate) fn open_sockets(
     ctx: &zmq::Context,
-    recv_timeout: Duration,
+    options: &ServerOptions,
 ) -> Result<(zmq::Socket, zmq::Socket), StartError> {
-    let rep = sockets::new_rep(ctx, recv_timeout).map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
+    let rep = sockets::new_rep(ctx, options.recv_timeout, options.max_request_bytes)
+        .map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
     let push = sockets::new_push(ctx).map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
     Ok((rep, push))
 }

@@ -21,12 +21,20 @@ pub(crate) fn open_req(ctx: &zmq::Context, addr: &str, timeout_ms: i32) -> zmq::
 
 /// A server's REP socket, not yet bound. `RCVTIMEO` is the loop's tick: how often it
 /// flushes events and reaps while no request arrives. `LINGER=0` so a closing server
-/// drops unsent replies instead of blocking its context's termination.
-pub(crate) fn new_rep(ctx: &zmq::Context, recv_timeout: Duration) -> zmq::Result<zmq::Socket> {
+/// drops unsent replies instead of blocking its context's termination. `MAXMSGSIZE` bounds
+/// what one request may make libzmq allocate.
+pub(crate) fn new_rep(
+    ctx: &zmq::Context,
+    recv_timeout: Duration,
+    max_request_bytes: Option<usize>,
+) -> zmq::Result<zmq::Socket> {
     let socket = ctx.socket(zmq::REP)?;
     socket.set_ipv6(true)?;
     socket.set_rcvtimeo(millis(recv_timeout))?;
     socket.set_linger(0)?;
+    if let Some(limit) = max_request_bytes {
+        socket.set_maxmsgsize(i64::try_from(limit).unwrap_or(i64::MAX))?;
+    }
     Ok(socket)
 }
 

@@ -3,7 +3,8 @@
 
 use crate::p2p_json;
 use clap::{Args, Subcommand};
-use ctlplane_zmq::ZmqTransport;
+use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
+use ctlplane_zmq::{TransportOptions, ZmqTransport};
 use std::error::Error;
 use std::io::Write;
 use std::process::ExitCode;
@@ -17,6 +18,31 @@ pub struct P2pArgs {
     op: Op,
 }
 
+/// Bounds against hostile or runaway peers.
+#[derive(Args)]
+struct Limits {
+    /// Most registered peers. Every peer costs a DEALER, its monitor and a PAIR, and
+    /// libzmq's context holds 1023 sockets; a new peer past the bound is refused and
+    /// logged. 0 = unbounded (the reference).
+    #[arg(long, default_value_t = 128)]
+    max_peers: usize,
+    /// Largest control message in bytes (ZMQ_MAXMSGSIZE on every socket and the
+    /// registry's payload bound, T2's 64 MiB by default): a bigger inbound frame drops
+    /// its connection, a bigger outbound one is refused. 0 = unbounded (T1).
+    #[arg(long, default_value_t = MAX_CONTROL_MESSAGE_BYTES)]
+    max_message_bytes: usize,
+}
+
+impl Limits {
+    fn options(&self) -> TransportOptions {
+        TransportOptions {
+            max_peers: (self.max_peers > 0).then_some(self.max_peers),
+            max_message_bytes: (self.max_message_bytes > 0).then_some(self.max_message_bytes),
+            ..TransportOptions::default()
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Op {
     /// Answer every message with the same message on its sender's connection, until
@@ -27,6 +53,8 @@ enum Op {
         host: String,
         #[arg(long)]
         port: u16,
+        #[command(flatten)]
+        limits: Limits,
     },
     /// Send one message and print the first message that comes back, as one line of JSON
     /// (`bin` as `{"$bin": "hex"}`).
@@ -49,6 +77,8 @@ enum Op {
         /// Print the reply in the display form (`b"hex"` for bin) instead of exact JSON.
         #[arg(long)]
         display: bool,
+        #[command(flatten)]
+        limits: Limits,
     },
 }
 
@@ -57,19 +87,19 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     match args.op {
-        Op::Echo { host, port } => echo(&host, port),
-        Op::Send { local, to, json, bin_fields, timeout_ms, display } => {
+        Op::Echo { host, port, limits } => echo(&host, port, limits.options()),
+        Op::Send { local, to, json, bin_fields, timeout_ms, display, limits } => {
             let msg = p2p_json::parse(&json, &bin_fields)?;
-            send(&local, &to, &msg, Duration::from_millis(timeout_ms), display)
+            send(&local, &to, &msg, Duration::from_millis(timeout_ms), display, limits.options())
         }
     }
 }
 
-fn echo(host: &str, port: u16) -> Result<ExitCode, Box<dyn Error>> {
+fn echo(host: &str, port: u16, options: TransportOptions) -> Result<ExitCode, Box<dyn Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::Release))?;
-    let mut transport = ZmqTransport::bind(host, port)?;
+    let mut transport = ZmqTransport::bind_with(host, port, options)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready")?;
     out.flush()?;
@@ -99,10 +129,11 @@ fn send(
     msg: &ctlplane_core::p2p::Value,
     timeout: Duration,
     display: bool,
+    options: TransportOptions,
 ) -> Result<ExitCode, Box<dyn Error>> {
     let (host, port) = local.rsplit_once(':').ok_or_else(|| format!("--local {local:?}: expected host:port"))?;
     let port: u16 = port.parse().map_err(|_| format!("--local {local:?}: invalid port"))?;
-    let mut transport = ZmqTransport::bind(host, port)?;
+    let mut transport = ZmqTransport::bind_with(host, port, options)?;
     transport.connect(to)?;
     transport.send(to, msg)?;
     let deadline = Instant::now() + timeout;

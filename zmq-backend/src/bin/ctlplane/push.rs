@@ -66,6 +66,10 @@ pub struct PushArgs {
     /// Do not subscribe to the consumer's readiness events.
     #[arg(long)]
     no_events: bool,
+    /// Least time between two batch starts, in ms (0 = as fast as replies come): paces a
+    /// long run, e.g. a soak that restarts the consumer under load.
+    #[arg(long, default_value_t = 0)]
+    batch_interval_ms: u64,
 }
 
 fn parse_nbytes(s: &str) -> Result<u64, String> {
@@ -127,6 +131,7 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
         batches: HashMap::new(),
         awaiting: HashSet::new(),
         next_item: 0,
+        next_start: Instant::now(),
         tally: Tally::default(),
     };
     let outcome = run.run();
@@ -196,6 +201,8 @@ struct Run<'a> {
     /// may still hold events of an earlier run, which must not count.
     awaiting: HashSet<String>,
     next_item: u64,
+    /// When the next batch may start (`--batch-interval-ms`).
+    next_start: Instant,
     tally: Tally,
 }
 
@@ -253,6 +260,13 @@ impl Run<'_> {
     /// Keeps `concurrency` batches in flight until every item has been pushed.
     fn start_batches(&mut self) -> Result<(), Box<dyn Error>> {
         while self.batches.len() < self.args.concurrency as usize && self.next_item < self.args.items {
+            if self.args.batch_interval_ms > 0 {
+                let now = Instant::now();
+                if now < self.next_start {
+                    break;
+                }
+                self.next_start = now + Duration::from_millis(self.args.batch_interval_ms);
+            }
             let k = u64::from(self.args.batch).min(self.args.items - self.next_item);
             let items =
                 (0..k).map(|_| self.ids.item(self.args.nbytes)).collect::<Result<Vec<_>, _>>().map_err(rng_error)?;
