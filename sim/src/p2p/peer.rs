@@ -1,0 +1,543 @@
+//! One simulated P2P peer: the mainline transport driver (`zmq-backend`'s `ZmqTransport`
+//! and `session_io`) and a manager tick, over the simulator's ZeroMQ model.
+//!
+//! Every decision is the core's: the [`ConnectionRegistry`] decides who is registered,
+//! swept and accepted; each [`HandshakeSession`] decides the handshake and what to send.
+//! The peer gathers what its sockets hold, carries out the registry's actions, feeds the
+//! sessions, and plays a small application on top: seeded lookups and fetches to every
+//! other peer, answered with lookup responses and transfer completions, so that a pair
+//! that stops talking is noticed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+use std::time::Duration;
+
+use ctlplane_core::p2p::messages::Message;
+use ctlplane_core::p2p::session::{HandshakeSession, SessionConfig, SessionEvent, HANDSHAKE_TIMEOUT};
+use ctlplane_core::p2p::{
+    value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches,
+};
+use ctlplane_core::time::Instant;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::ledger;
+use crate::clock;
+use crate::faults::{self, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, POLL_INTERVAL};
+use crate::oracle;
+use crate::trace;
+use crate::zmq::{monitor, Context, Socket, SocketOptions, SocketType, ZmqError};
+
+/// `VLLM_P2P_SIDE_CHANNEL_PORT`: every peer's ROUTER port.
+pub const PORT: u16 = 5710;
+/// `ZMQ_HEARTBEAT_TTL` of every P2P socket.
+pub const HEARTBEAT_TTL: Duration = Duration::from_millis(10_000);
+/// Requests a session may have unanswered before the peer stops sending it more.
+const MAX_OUTSTANDING: usize = 32;
+
+/// What a peer host is started with (kept across restarts).
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    /// turmoil host name.
+    pub name: String,
+    /// Every P2P peer's host name, this one included.
+    pub peers: Vec<String>,
+    pub seed: u64,
+    /// Historical transport behaviours (race catalogue); off by default.
+    pub t0: T0Switches,
+}
+
+/// The peer id of host `name`: `"{host}:{port}"`, dialled back verbatim.
+pub fn peer_id(name: &str) -> String {
+    format!("{name}:{PORT}")
+}
+
+fn host_of(peer: &str) -> &str {
+    peer.rsplit_once(':').map_or(peer, |(h, _)| h)
+}
+
+/// FNV-1a of a host name: part of its RNG seed, so every peer has its own stream.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+fn options(identity: Option<&str>) -> SocketOptions {
+    SocketOptions {
+        heartbeat_ivl: Some(HEARTBEAT_IVL),
+        heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
+        heartbeat_ttl: Some(HEARTBEAT_TTL),
+        routing_id: identity.map(|i| i.as_bytes().to_vec()),
+        // The production driver closes every DEALER with linger 0.
+        linger: Duration::ZERO,
+        ..SocketOptions::default()
+    }
+}
+
+/// One peer's DEALER and the PAIR reading its monitor.
+struct Dealer {
+    peer: String,
+    dealer: Socket,
+    pair: Socket,
+}
+
+/// A session and the connection it was attached to.
+struct Sess {
+    session: HandshakeSession,
+    conn: ConnId,
+    /// Run-unique number, for traces.
+    id: u64,
+    /// Our requests still unanswered, by `kv_request_id`.
+    outstanding: BTreeSet<String>,
+}
+
+struct Peer {
+    name: String,
+    inc: u32,
+    ctx: Context,
+    router: Socket,
+    registry: ConnectionRegistry,
+    dealers: BTreeMap<ConnId, Dealer>,
+    /// By peer id.
+    sessions: BTreeMap<String, Sess>,
+    /// Peers to (re)connect to, and from when.
+    reconnect_at: BTreeMap<String, Instant>,
+    rng: ChaCha8Rng,
+    next_session: u64,
+    next_request: u64,
+    next_traffic: Instant,
+}
+
+/// The host program: binds, connects to every other peer, then ticks until the host is
+/// crashed or the run ends.
+pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
+    let name = cfg.name.clone();
+    let inc = ledger::start(&name);
+    let ctx = Context::new(&name);
+    let router = Socket::new(&ctx, SocketType::Router, options(None));
+    router.bind(&format!("tcp://{name}:{PORT}")).await.map_err(|e| format!("{name}: cannot bind ROUTER: {e}"))?;
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ name_hash(&name));
+    rng.set_stream(u64::from(inc));
+    let now = clock::now();
+    let mut config = RegistryConfig::new(peer_id(&name));
+    config.t0 = cfg.t0;
+    let reconnect_at = cfg.peers.iter().filter(|p| **p != name).map(|p| (peer_id(p), now)).collect();
+    let mut peer = Peer {
+        name: name.clone(),
+        inc,
+        ctx,
+        router,
+        registry: ConnectionRegistry::new(config),
+        dealers: BTreeMap::new(),
+        sessions: BTreeMap::new(),
+        reconnect_at,
+        next_session: u64::from(inc) << 32,
+        next_request: 0,
+        next_traffic: now + Duration::from_millis(rng.gen_range(100..600)),
+        rng,
+    };
+    trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
+    loop {
+        peer.tick().await;
+        let wake = clock::now() + POLL_INTERVAL;
+        tokio::select! {
+            biased;
+            _ = peer.router.readable() => {}
+            _ = clock::sleep_until(wake) => {}
+        }
+    }
+}
+
+impl Peer {
+    /// One manager tick: transport poll, sessions, application, reconnects.
+    async fn tick(&mut self) {
+        let now = clock::now();
+        let accepted = self.poll_transport().await;
+        // A session whose connection was swept or replaced lost it (reap before accept,
+        // so a replacement for a dead same-id session is not refused).
+        for (peer, s) in &mut self.sessions {
+            let same = self.registry.conn_id(peer) == Some(s.conn) && self.registry.is_alive(peer);
+            if s.session.is_alive() && !same {
+                s.session.connection_lost();
+            }
+        }
+        self.drain_events(now);
+        self.reap(now);
+        self.accept(accepted, now);
+        self.drive_sessions(now).await;
+        self.reap(now);
+        if now >= self.next_traffic {
+            self.traffic(now).await;
+            self.next_traffic = now + Duration::from_millis(self.rng.gen_range(200..800));
+        }
+        self.reconnect(now).await;
+        let conns: BTreeSet<ConnId> = self.registry.connections().into_iter().map(|(_, c, _)| c).collect();
+        ledger::registered(&self.name, self.inc, &conns);
+    }
+
+    /// Gathers the ROUTER's messages and one monitor event per live connection, lets the
+    /// registry decide, carries out its actions and sets up sessions for accepted peers.
+    async fn poll_transport(&mut self) -> Vec<String> {
+        let before: BTreeMap<String, (ConnId, bool)> =
+            self.registry.connections().into_iter().map(|(p, c, a)| (p, (c, a))).collect();
+        let mut input = PollInput::default();
+        loop {
+            match self.router.try_recv() {
+                Ok(frames) => input.router.push(frames),
+                Err(ZmqError::Again) => break,
+                Err(e) => {
+                    trace::record(&self.name, "p2p.router_error", &[("error", &e)]);
+                    break;
+                }
+            }
+        }
+        for (_, conn, alive) in self.registry.connections() {
+            let Some(d) = self.dealers.get(&conn).filter(|_| alive) else { continue };
+            if let Ok(msg) = d.pair.try_recv() {
+                if let Some((event, _, _)) = monitor::decode(&msg) {
+                    let ev = if event == monitor::DISCONNECTED {
+                        MonitorEvent::Disconnected
+                    } else {
+                        MonitorEvent::Other(event)
+                    };
+                    trace::record(&self.name, "p2p.monitor", &[("peer", &d.peer), ("conn", &conn), ("event", &event)]);
+                    input.monitor.push((conn, ev));
+                }
+            }
+        }
+        // Messages from a peer whose registration here is dead: a reconnecting peer. They
+        // must reach a fresh connection, not go down with the dead one (race S2).
+        let mut reconnecting: BTreeMap<String, (ConnId, usize)> = BTreeMap::new();
+        for frames in &input.router {
+            let [identity, payload] = frames.as_slice() else { continue };
+            let Ok(id) = std::str::from_utf8(identity) else { continue };
+            if let Some(&(conn, false)) = before.get(id) {
+                if value::decode(payload).is_ok() {
+                    reconnecting.entry(id.to_string()).or_insert((conn, 0)).1 += 1;
+                }
+            }
+        }
+        let accepted = self.registry.poll(input);
+        // A poll queues opens and closes only; a failed open retires its connection itself.
+        let _ = self.carry_out().await;
+        for (id, (old, n)) in reconnecting {
+            let fresh = self.registry.conn_id(&id).is_some_and(|c| c != old) && self.registry.is_alive(&id);
+            if !fresh {
+                oracle::violate(
+                    "p2p-message-lost",
+                    &self.name,
+                    format!("{n} message(s) from reconnecting peer {id} were dropped with its dead connection {old}"),
+                );
+            }
+        }
+        accepted
+    }
+
+    /// A session for every newly accepted inbound peer; its first messages are already in
+    /// the registry's buffer for it.
+    fn accept(&mut self, accepted: Vec<String>, now: Instant) {
+        for peer in accepted {
+            let Some(conn) = self.registry.conn_id(&peer) else { continue };
+            if let Some(old) = self.sessions.get(&peer) {
+                // Dead sessions were reaped first, so only a live one can be here; the
+                // mainline manager refuses the newcomer, and its first message with it.
+                oracle::violate(
+                    "p2p-message-lost",
+                    &self.name,
+                    format!("inbound connection from {peer} refused: session {} still holds the peer", old.id),
+                );
+                self.registry.close(&peer);
+                continue;
+            }
+            trace::record(&self.name, "p2p.accept", &[("peer", &peer), ("conn", &conn)]);
+            self.open_session(peer, conn, now);
+        }
+    }
+
+    fn open_session(&mut self, peer: String, conn: ConnId, now: Instant) {
+        let config = SessionConfig {
+            local_id: self.registry.config().local_id.clone(),
+            agent_metadata: format!("agent-{}-{}", self.name, self.inc).into_bytes(),
+            base_addr: 0x1000_0000,
+            num_blocks: 1024,
+            block_len: 4096,
+            config_fingerprint: String::new(),
+            hash_seed: "0".into(),
+            // W1+: a session whose Connect went unanswered dies after 30 s instead of
+            // stalling forever (race S5), so the pair reconnects.
+            handshake_timeout: Some(HANDSHAKE_TIMEOUT),
+            silent_connect_rejection: false,
+        };
+        let mut session = HandshakeSession::new(peer.clone(), config);
+        // A new session is pending, never dead: attach cannot fail.
+        let _ = session.attach(now);
+        let id = self.next_session;
+        self.next_session += 1;
+        trace::record(&self.name, "p2p.session", &[("peer", &peer), ("conn", &conn), ("session", &id)]);
+        self.reconnect_at.remove(&peer);
+        self.sessions.insert(peer, Sess { session, conn, id, outstanding: BTreeSet::new() });
+    }
+
+    /// Feeds every session what arrived for it, its deadline, then sends what it queued.
+    async fn drive_sessions(&mut self, now: Instant) {
+        let peers: Vec<String> = self.sessions.keys().cloned().collect();
+        for peer in peers {
+            let msgs = self.registry.recv(&peer);
+            if let Some(s) = self.sessions.get_mut(&peer) {
+                for m in &msgs {
+                    s.session.handle_message(m);
+                }
+                s.session.handle_timeout(now);
+            }
+            self.drain_events(now);
+            self.flush(&peer).await;
+            if let Some(s) = self.sessions.get(&peer) {
+                if !s.session.is_alive() && self.registry.conn_id(&peer) == Some(s.conn) {
+                    self.registry.mark_dead(&peer);
+                }
+            }
+        }
+    }
+
+    /// Sends what `peer`'s session queued; a failed send kills the session. A dead session
+    /// is flushed too, so its best-effort Disconnect goes out.
+    async fn flush(&mut self, peer: &str) {
+        loop {
+            let Some(s) = self.sessions.get_mut(peer) else { return };
+            let Some(frame) = s.session.poll_transmit() else { return };
+            let conn = s.conn;
+            if self.registry.conn_id(peer) != Some(conn) {
+                continue;
+            }
+            let result = match self.registry.send(peer, &frame) {
+                Ok(()) => self.carry_out().await,
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(error) = result {
+                trace::record(&self.name, "p2p.send_failed", &[("peer", &peer), ("error", &error)]);
+                if let Some(s) = self.sessions.get_mut(peer) {
+                    s.session.send_failed(&error);
+                }
+            }
+        }
+    }
+
+    /// Handles every session's events: handshake progress, role messages, deaths.
+    fn drain_events(&mut self, now: Instant) {
+        let _ = now;
+        let peers: Vec<String> = self.sessions.keys().cloned().collect();
+        for peer in peers {
+            loop {
+                let Some(s) = self.sessions.get_mut(&peer) else { break };
+                let Some(event) = s.session.poll_event() else { break };
+                let sid = s.id;
+                let host = host_of(&peer).to_string();
+                match event {
+                    SessionEvent::PeerConnected(c) => {
+                        trace::record(&self.name, "p2p.peer_connected", &[("peer", &c.peer_id), ("session", &sid)]);
+                    }
+                    SessionEvent::Ready => {
+                        trace::record(&self.name, "p2p.ready", &[("peer", &peer), ("session", &sid)]);
+                        ledger::ready(&self.name, &host);
+                    }
+                    SessionEvent::Dead(reason) => {
+                        trace::record(
+                            &self.name,
+                            "p2p.dead",
+                            &[("peer", &peer), ("session", &sid), ("reason", &reason)],
+                        );
+                        ledger::gone(&self.name, &host);
+                    }
+                    SessionEvent::Message(m) => self.on_message(&peer, m),
+                }
+            }
+        }
+    }
+
+    /// The application: answer requests, match responses.
+    fn on_message(&mut self, peer: &str, m: Message) {
+        let Some(s) = self.sessions.get_mut(peer) else { return };
+        let reply = match m {
+            Message::Lookup { kv_request_id, keys, .. } => {
+                let hits = keys.iter().map(|k| k.first().is_some_and(|b| b % 2 == 0)).collect();
+                Some(Message::LookupResp { kv_request_id, keys, hits })
+            }
+            Message::Fetch { kv_request_id, round_seq, .. } => {
+                Some(Message::TransferDone { kv_request_id, success: true, round_seq })
+            }
+            Message::AbortFetch { kv_request_id, round_seq } => Some(Message::AbortAck { kv_request_id, round_seq }),
+            Message::LookupResp { kv_request_id, .. } | Message::TransferDone { kv_request_id, .. } => {
+                if s.outstanding.remove(&kv_request_id) {
+                    trace::record(&self.name, "p2p.response", &[("peer", &peer), ("kv", &kv_request_id)]);
+                    if s.session.is_ready() {
+                        ledger::responded(&self.name, host_of(peer));
+                    }
+                } else {
+                    trace::record(&self.name, "p2p.unmatched_response", &[("peer", &peer), ("kv", &kv_request_id)]);
+                }
+                None
+            }
+            _ => None,
+        };
+        s.session.dispatch_ok();
+        if let Some(r) = reply {
+            // A session that died on an earlier message of this batch refuses: nothing to do.
+            let _ = s.session.send(r);
+        }
+    }
+
+    /// Removes dead sessions (their connection is marked dead, so the next poll sweeps
+    /// it) and schedules a reconnect to the peer.
+    fn reap(&mut self, now: Instant) {
+        let dead: Vec<String> =
+            self.sessions.iter().filter(|(_, s)| !s.session.is_alive()).map(|(p, _)| p.clone()).collect();
+        for peer in dead {
+            if let Some(s) = self.sessions.remove(&peer) {
+                if self.registry.conn_id(&peer) == Some(s.conn) {
+                    self.registry.mark_dead(&peer);
+                }
+                let backoff = Duration::from_millis(self.rng.gen_range(200..1_000));
+                trace::record(&self.name, "p2p.reap", &[("peer", &peer), ("session", &s.id)]);
+                self.reconnect_at.insert(peer, now + backoff);
+            }
+        }
+    }
+
+    /// Opens an outbound connection and session to every peer whose reconnect is due.
+    async fn reconnect(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .reconnect_at
+            .iter()
+            .filter(|(p, t)| **t <= now && !self.sessions.contains_key(*p))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for peer in due {
+            match self.registry.connect(&peer) {
+                Ok(conn) => {
+                    let _ = self.carry_out().await;
+                    trace::record(&self.name, "p2p.connect", &[("peer", &peer), ("conn", &conn)]);
+                    self.open_session(peer.clone(), conn, now);
+                    self.flush(&peer).await;
+                }
+                Err(e) => {
+                    trace::record(&self.name, "p2p.connect_refused", &[("peer", &peer), ("error", &e)]);
+                    let backoff = Duration::from_millis(self.rng.gen_range(200..1_000));
+                    self.reconnect_at.insert(peer, now + backoff);
+                }
+            }
+        }
+    }
+
+    /// Seeded requests to some of the peers, and any malformed frames a fault asks for.
+    async fn traffic(&mut self, now: Instant) {
+        let _ = now;
+        let peers: Vec<String> = self.sessions.keys().cloned().collect();
+        for peer in peers {
+            if let Some(frame) = faults::take_malformed_to(&self.name, host_of(&peer), true) {
+                self.send_raw(&peer, frame);
+            }
+            if !self.rng.gen_bool(0.7) {
+                continue;
+            }
+            let Some(s) = self.sessions.get_mut(&peer) else { continue };
+            if s.outstanding.len() >= MAX_OUTSTANDING || !s.session.is_alive() {
+                continue;
+            }
+            let kv = format!("{}.{}.{}", self.name, self.inc, self.next_request);
+            self.next_request += 1;
+            let key = vec![self.rng.gen::<u8>(), self.rng.gen::<u8>()];
+            let msg = if self.rng.gen_bool(0.5) {
+                Message::Lookup { kv_request_id: kv.clone(), keys: vec![key], round_seq: 0 }
+            } else {
+                Message::Fetch { kv_request_id: kv.clone(), keys: vec![key], block_indexes: vec![7], round_seq: 0 }
+            };
+            trace::record(&self.name, "p2p.request", &[("peer", &peer), ("kv", &kv), ("type", &msg.kind())]);
+            if s.session.send(msg).is_ok() {
+                s.outstanding.insert(kv);
+            }
+            self.flush(&peer).await;
+        }
+    }
+
+    /// A frame straight onto `peer`'s DEALER, past the registry and the session (a
+    /// malformed-frame fault).
+    fn send_raw(&mut self, peer: &str, frame: Vec<u8>) {
+        let Some(conn) = self.registry.conn_id(peer) else { return };
+        let Some(d) = self.dealers.get(&conn) else { return };
+        let result = d.dealer.try_send(vec![frame.clone()]);
+        trace::record(
+            &self.name,
+            "p2p.malformed_sent",
+            &[("peer", &peer), ("bytes", &frame.len()), ("ok", &result.is_ok())],
+        );
+    }
+
+    /// Carries out the registry's queued actions. The first transmit failure is returned
+    /// (a failed open retires the connection instead).
+    async fn carry_out(&mut self) -> Result<(), String> {
+        let mut first = None;
+        while let Some(action) = self.registry.poll_action() {
+            match action {
+                Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
+                    match self.open_dealer(&endpoint, &identity, &monitor).await {
+                        Ok((dealer, pair)) => {
+                            ledger::opened(&self.name, self.inc, conn);
+                            trace::record(
+                                &self.name,
+                                "p2p.dealer_open",
+                                &[("peer", &peer), ("conn", &conn), ("monitor", &monitor)],
+                            );
+                            self.dealers.insert(conn, Dealer { peer, dealer, pair });
+                        }
+                        Err(e) => {
+                            trace::record(
+                                &self.name,
+                                "p2p.dealer_open_failed",
+                                &[("peer", &peer), ("conn", &conn), ("error", &e)],
+                            );
+                            // Nothing is open: retire the registration, as the production driver.
+                            ledger::opened(&self.name, self.inc, conn);
+                            self.registry.close(&peer);
+                        }
+                    }
+                }
+                Action::CloseDealer { conn, peer } => {
+                    ledger::monitor_closed(&self.name, self.inc, conn);
+                    ledger::dealer_closed(&self.name, self.inc, conn);
+                    trace::record(&self.name, "p2p.dealer_close", &[("peer", &peer), ("conn", &conn)]);
+                    if let Some(d) = self.dealers.remove(&conn) {
+                        d.pair.close();
+                        d.dealer.close();
+                    }
+                }
+                Action::Transmit { conn, frame } => {
+                    let result = match self.dealers.get(&conn) {
+                        Some(d) => {
+                            d.dealer.try_send(vec![frame]).map_err(|e| format!("send to {} failed: {e}", d.peer))
+                        }
+                        None => Err(format!("no DEALER for connection {conn}")),
+                    };
+                    if let Err(e) = result {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// DEALER with the heartbeat options and our identity, monitored for DISCONNECTED,
+    /// the PAIR connected to the monitor, then the DEALER connected: the reference's order.
+    async fn open_dealer(
+        &self,
+        endpoint: &str,
+        identity: &str,
+        monitor_ep: &str,
+    ) -> Result<(Socket, Socket), ZmqError> {
+        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(identity)));
+        dealer.monitor(monitor_ep, monitor::DISCONNECTED).await?;
+        let pair = Socket::new(&self.ctx, SocketType::Pair, SocketOptions::default());
+        pair.connect(monitor_ep)?;
+        dealer.connect(endpoint)?;
+        Ok((dealer, pair))
+    }
+}
