@@ -1,1 +1,267 @@
-//! (in progress)
+//! One simulated run: build the world of a scenario, play the fault plan while the
+//! workload runs, heal, wait out a quiet period, and judge it with the oracles.
+//!
+//! Phases: *active* ([`ACTIVE`]: workload and faults), *heal* (every fault undone),
+//! *quiet* (until [`END`], long enough for push-wait timeouts, reservation TTLs and P2P
+//! re-handshakes), then the liveness checks. Safety oracles run after every step.
+//!
+//! Stepping: turmoil advances every host by one tick per step. The engine picks each
+//! tick: one millisecond while bytes are on a link that delivers, a connect is in progress
+//! or the last step did anything; otherwise a jump to the earliest deadline any host (or
+//! the fault driver) waits for. Hosts sleep only through `crate::clock`, so no deadline
+//! is jumped over.
+
+use std::collections::BTreeMap;
+use std::panic::{self, AssertUnwindSafe};
+use std::time::Duration;
+
+use ctlplane_core::ec::readiness::PUSH_WAIT_TIMEOUT;
+use ctlplane_core::time::Instant;
+
+use crate::device::{Device, DeviceConfig};
+use crate::faults::{FaultDriver, FaultPlan};
+use crate::hosts::workload::{self, WorkloadConfig};
+use crate::hosts::world::{self, stream, World};
+use crate::topology::Topology;
+use crate::{clock, oracle, trace};
+
+/// Workload and faults run this long.
+pub const ACTIVE: Duration = Duration::from_secs(20);
+/// The run ends here: past the push-wait timeout of the last request, the retries of
+/// every producer chain (discovery, reserve, cleanup cancels, each up to the 30 s client
+/// timeout), the 300 s reservation TTL of whatever those left, and the P2P quiet period.
+pub const END: Duration = Duration::from_secs(520);
+/// Latency of every simulated link (fixed, so a run's timing depends on the seed only
+/// through the workload and the faults).
+pub const LINK_LATENCY: Duration = Duration::from_millis(1);
+/// The fine tick, while anything is on the move.
+const FINE_TICK: Duration = Duration::from_millis(1);
+/// The longest idle jump.
+const MAX_JUMP: Duration = Duration::from_secs(5);
+/// Timer slack of an idle jump: it lands on the last deadline within this window of the
+/// earliest, so periodic timers of many hosts (P2P manager ticks) share steps. A timer
+/// fires at most this late; every protocol timeout is seconds long.
+pub const COALESCE: Duration = Duration::from_millis(10);
+/// The P2P world is judged this long after the faults heal, then stopped, so the long EC
+/// quiet period (reservation TTLs) runs without its periodic ticks.
+pub const P2P_CHECK_AT: Duration = Duration::from_secs(20 + 45 + 5);
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub seed: u64,
+    /// A [`Topology::by_name`] scenario: `"full"` (default) or `"small"`.
+    pub scenario: String,
+    /// `None`: drawn from the seed.
+    pub plan: Option<FaultPlan>,
+    /// Keep every trace event (for export); the hash is computed either way.
+    pub keep_trace: bool,
+}
+
+impl RunConfig {
+    /// The full scenario with the plan of `seed`.
+    pub fn new(seed: u64) -> Self {
+        RunConfig { seed, scenario: "full".to_string(), plan: None, keep_trace: false }
+    }
+}
+
+/// The verdict and record of one run.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    pub seed: u64,
+    pub scenario: String,
+    pub plan: FaultPlan,
+    pub violations: Vec<oracle::Violation>,
+    pub trace: trace::Trace,
+    pub trace_hash: u64,
+    /// Simulated time covered.
+    pub sim_time: Duration,
+    /// turmoil steps taken.
+    pub steps: u64,
+    /// Counters: requests, items, pushes, device writes, shard totals, liveness findings.
+    pub stats: BTreeMap<String, u64>,
+}
+
+/// Runs one seed. Never panics on a violation; a host panic or a turmoil error is reported
+/// as a violation (`host-panic`, `sim-error`) and ends the run early.
+pub fn run(cfg: &RunConfig) -> RunReport {
+    clock::reset();
+    trace::reset(cfg.keep_trace);
+    oracle::reset();
+    let Some(topo) = Topology::by_name(&cfg.scenario) else {
+        let plan = cfg.plan.clone().unwrap_or_else(|| FaultPlan::none(cfg.seed));
+        oracle::violate_at(0, "config", "engine", format!("unknown scenario {:?}", cfg.scenario));
+        let violations = oracle::take();
+        let trace = trace::take();
+        let trace_hash = trace.hash();
+        return RunReport {
+            seed: cfg.seed,
+            scenario: cfg.scenario.clone(),
+            plan,
+            violations,
+            trace,
+            trace_hash,
+            sim_time: Duration::ZERO,
+            steps: 0,
+            stats: BTreeMap::new(),
+        };
+    };
+    let plan = cfg.plan.clone().unwrap_or_else(|| FaultPlan::draw(cfg.seed, &topo, ACTIVE));
+    let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan);
+    stats.insert("steps".to_string(), steps);
+    stats.insert("trace.events".to_string(), trace::count());
+    let violations = oracle::take();
+    let trace = trace::take();
+    let trace_hash = trace.hash();
+    RunReport {
+        seed: cfg.seed,
+        scenario: cfg.scenario.clone(),
+        plan,
+        violations,
+        trace,
+        trace_hash,
+        sim_time,
+        steps,
+        stats,
+    }
+}
+
+fn run_world(seed: u64, topo: &Topology, plan: &FaultPlan) -> (u64, Duration, BTreeMap<String, u64>) {
+    let requests = workload::draw(
+        &WorkloadConfig::default(),
+        topo.consumers.len(),
+        topo.producers.len(),
+        &mut world::rng(seed, stream::WORKLOAD, 0),
+    );
+    let device = Device::new(DeviceConfig::default(), world::rng(seed, stream::DEVICE, 0));
+    world::install(World::new(topo.clone(), seed, requests, device));
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(rand::RngCore::next_u64(&mut world::rng(seed, stream::TURMOIL, 0)))
+        .min_message_latency(LINK_LATENCY)
+        .max_message_latency(LINK_LATENCY)
+        .tick_duration(FINE_TICK)
+        .simulation_duration(END + Duration::from_secs(60))
+        .build();
+    crate::hosts::install(&mut sim, topo);
+    crate::p2p::install(&mut sim, topo, seed);
+    let mut driver = FaultDriver::new(plan);
+    let rank_hosts: Vec<String> = topo.ranks().iter().map(|(_, _, h)| h.to_string()).collect();
+    let mut steps = 0u64;
+    let mut healed = false;
+    let mut p2p_live = true;
+    loop {
+        let now = sim.elapsed();
+        if now >= END {
+            break;
+        }
+        if !healed && now >= ACTIVE {
+            driver.heal_all(&mut sim, now);
+            healed = true;
+            trace::record_at(now.as_nanos() as u64, "engine", "engine.healed", &[]);
+        }
+        if !healed {
+            driver.step(&mut sim, now);
+        }
+        if p2p_live && now >= P2P_CHECK_AT {
+            crate::p2p::check_liveness();
+            for peer in &topo.p2p_peers {
+                sim.crash(peer.as_str());
+            }
+            p2p_live = false;
+            trace::record_at(now.as_nanos() as u64, "engine", "engine.p2p_stopped", &[]);
+        }
+        for h in &rank_hosts {
+            if !sim.is_host_running(h.as_str()) {
+                world::with(|w| w.rank_down(h));
+            }
+        }
+        let activity = clock::activity();
+        let stepped = panic::catch_unwind(AssertUnwindSafe(|| sim.step()));
+        steps += 1;
+        let t_ns = sim.elapsed().as_nanos() as u64;
+        match stepped {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                oracle::violate_at(t_ns, "sim-error", "engine", e.to_string());
+                break;
+            }
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                oracle::violate_at(t_ns, "host-panic", "engine", msg);
+                break;
+            }
+        }
+        oracle::check_step(t_ns);
+        if p2p_live {
+            crate::p2p::check_safety();
+        }
+        sim.set_tick_duration(next_tick(&sim, &driver, healed, p2p_live, clock::activity() != activity));
+    }
+    let end = sim.elapsed();
+    let end_ns = end.as_nanos() as u64;
+    let mut stats = oracle::check_ec_liveness(end_ns, PUSH_WAIT_TIMEOUT);
+    if let Some(w) = world::take() {
+        for (k, v) in &w.stats {
+            *stats.entry(k.clone()).or_default() += v;
+        }
+        stats.insert("requests".to_string(), w.requests.len() as u64);
+        let d = w.device.stats;
+        for (k, v) in [
+            ("device.started", d.started),
+            ("device.landed", d.landed),
+            ("device.failed", d.failed),
+            ("device.bytes", d.bytes),
+            ("device.unowned", d.unowned),
+        ] {
+            stats.insert(k.to_string(), v);
+        }
+        for rank in w.ranks.values() {
+            let s = rank.shard.borrow().stats();
+            for (k, v) in [
+                ("shard.requests", s.requests),
+                ("shard.error_replies", s.error_replies),
+                ("shard.malformed", s.malformed),
+                ("shard.events_queued", s.events_queued),
+                ("shard.events_dropped", s.events_dropped),
+            ] {
+                *stats.entry(k.to_string()).or_default() += v;
+            }
+        }
+        let restarts: u64 = w.incarnations.values().map(|&i| u64::from(i)).sum();
+        stats.insert("restarts".to_string(), restarts);
+    }
+    trace::record_at(end_ns, "engine", "engine.end", &[("steps", &steps)]);
+    (steps, end, stats)
+}
+
+/// The next tick: fine while anything moves, else a jump to the next deadline.
+fn next_tick(sim: &turmoil::Sim<'_>, driver: &FaultDriver, healed: bool, p2p_live: bool, moved: bool) -> Duration {
+    let now = sim.elapsed();
+    let (pairs, connecting) = clock::in_flight_pairs();
+    if moved || connecting || pairs.iter().any(|&(a, b)| !driver.is_partitioned(a, b)) {
+        return FINE_TICK;
+    }
+    let mut next = clock::coalesced_deadline(COALESCE).map(Duration::from_nanos).unwrap_or(END);
+    if !healed {
+        next = next.min(ACTIVE);
+        if let Some(due) = driver.next_due() {
+            next = next.min(due);
+        }
+    }
+    if p2p_live {
+        next = next.min(P2P_CHECK_AT);
+    }
+    let gap = next.min(END).saturating_sub(now);
+    // Whole milliseconds (the hosts' timers resolve to one), at least one.
+    let ms = gap.as_nanos().div_ceil(FINE_TICK.as_nanos()).max(1) as u32;
+    (FINE_TICK * ms).min(MAX_JUMP)
+}
+
+/// `now` of the engine as the core's clock.
+pub fn instant(d: Duration) -> Instant {
+    Instant::from_nanos(d.as_nanos() as u64)
+}

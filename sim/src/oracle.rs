@@ -5,8 +5,14 @@
 //! traced and collected, and the run's verdict is the list [`take`] returns.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ctlplane_core::ec::State;
 
 use serde::Serialize;
+
+use crate::hosts::world::{self, ItemFate};
 
 /// One broken property.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -37,9 +43,8 @@ pub fn violate_at(t_ns: u64, oracle: &str, host: &str, detail: impl Into<String>
     let detail = detail.into();
     crate::trace::record_at(t_ns, host, "oracle.violation", &[("oracle", &oracle), ("detail", &detail)]);
     tracing::warn!(oracle, host, %detail, "oracle fired");
-    VIOLATIONS.with(|v| {
-        v.borrow_mut().push(Violation { oracle: oracle.to_string(), t_ns, host: host.to_string(), detail })
-    });
+    VIOLATIONS
+        .with(|v| v.borrow_mut().push(Violation { oracle: oracle.to_string(), t_ns, host: host.to_string(), detail }));
 }
 
 /// Violations so far.
@@ -50,4 +55,121 @@ pub fn count() -> usize {
 /// End the run's verdict and hand it over.
 pub fn take() -> Vec<Violation> {
     VIOLATIONS.with(|v| std::mem::take(&mut *v.borrow_mut()))
+}
+
+// ---------------------------------------------------------------------------------------
+// The EC world's oracles (the P2P world's are `crate::p2p::check_safety` / `check_liveness`;
+// the ownership ledger fires from the device as a write lands, `write-owned`; the
+// readiness oracle from the scheduler as the core accepts an item, `accept-before-ready`).
+
+/// Late beyond a REP's due answer time before `rep-answers` fires (the host runs in the
+/// step that reaches its deadline; the timer may round up to the next millisecond).
+pub const REP_SLACK: Duration = Duration::from_millis(5).saturating_add(crate::engine::COALESCE);
+/// Slack on top of `push_wait_timeout` for a request to resolve.
+pub const RESOLVE_SLACK: Duration = Duration::from_secs(5);
+
+/// Safety, after every step: for every rank whose book changed, its structural invariants
+/// (no overlapping or double allocation, memory owned exactly once: `no-overlap`), the
+/// event backlog bound (`event-backlog`) and the drop count (`event-drops-counted`); for
+/// every live rank, a request it took is answered by its due time (`rep-answers`).
+pub fn check_step(now_ns: u64) {
+    let (dirty, owed) = world::with(|w| {
+        let dirty: Vec<(String, std::rc::Rc<std::cell::RefCell<world::Shard>>)> = std::mem::take(&mut w.dirty)
+            .into_iter()
+            .filter_map(|h| w.ranks.get(&h).map(|r| (h, r.shard.clone())))
+            .collect();
+        let owed: Vec<(String, u64, u64)> = w
+            .ranks
+            .iter()
+            .filter_map(|(h, r)| r.owed.map(|(since, by)| (h.clone(), since.as_nanos(), by.as_nanos())))
+            .collect();
+        (dirty, owed)
+    });
+    for (host, shard) in dirty {
+        let s = shard.borrow();
+        if let Err(e) = s.book().check_invariants() {
+            violate_at(now_ns, "no-overlap", &host, e);
+        }
+        let bound = s.config().max_pending_events;
+        if s.pending_events() > bound {
+            violate_at(now_ns, "event-backlog", &host, format!("{} events queued, bound {bound}", s.pending_events()));
+        }
+        let st = s.stats();
+        if st.events_queued != st.events_sent + st.events_dropped + s.pending_events() as u64 {
+            violate_at(
+                now_ns,
+                "event-drops-counted",
+                &host,
+                format!(
+                    "queued {} != sent {} + dropped {} + pending {}",
+                    st.events_queued,
+                    st.events_sent,
+                    st.events_dropped,
+                    s.pending_events()
+                ),
+            );
+        }
+    }
+    for (host, since, by) in owed {
+        if now_ns > by + REP_SLACK.as_nanos() as u64 {
+            violate_at(
+                now_ns,
+                "rep-answers",
+                &host,
+                format!("request received at {since} ns, due by {by} ns, unanswered at {now_ns} ns"),
+            );
+            // Once per request.
+            world::with(|w| {
+                if let Some(r) = w.ranks.get_mut(&host) {
+                    r.owed = None;
+                }
+            });
+        }
+    }
+}
+
+/// Liveness, after the faults stopped and the world was quiet: every request resolved
+/// within `push_wait_timeout` plus slack (`request-resolves`), and no reservation of the
+/// workload still WRITING or READY on a live rank, since the TTL moves both on
+/// (`reservation-ttl`). Deferred reservations are the reference's documented leak when a
+/// producer can no longer abandon (races S10, S11); they are counted, not flagged.
+pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<String, u64> {
+    let mut stats = BTreeMap::new();
+    let bound = (push_wait_timeout + RESOLVE_SLACK).as_nanos() as u64;
+    let (late, tids, ranks) = world::with(|w| {
+        let mut late = Vec::new();
+        for (req, st) in w.workload.iter().zip(&w.requests) {
+            match st.resolved_at {
+                None => late.push(format!("request {} (at {}) never resolved: {:?}", req.id, req.at, st.fates)),
+                Some(at) if at.as_nanos() > req.at.as_nanos() + bound => {
+                    if !st.fates.contains(&Some(ItemFate::Aborted)) {
+                        late.push(format!("request {} (at {}) resolved only at {at}", req.id, req.at));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        let tids: Vec<String> = w.items.keys().cloned().collect();
+        let ranks: Vec<(String, std::rc::Rc<std::cell::RefCell<world::Shard>>)> =
+            w.ranks.iter().map(|(h, r)| (h.clone(), r.shard.clone())).collect();
+        (late, tids, ranks)
+    });
+    for detail in late {
+        violate_at(now_ns, "request-resolves", "engine", detail);
+    }
+    for (host, shard) in ranks {
+        let s = shard.borrow();
+        for tid in &tids {
+            match s.book().state_of(tid) {
+                Some(state @ (State::Writing | State::Ready)) => {
+                    violate_at(now_ns, "reservation-ttl", &host, format!("{tid} still {state} after its TTL"));
+                }
+                Some(State::CancelPending | State::ExpirePending) => {
+                    *stats.entry("reservations.deferred_at_end".to_string()).or_default() += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    stats
 }

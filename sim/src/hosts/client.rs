@@ -70,9 +70,8 @@ impl ControlClient {
         let rank_host = target.as_deref().and_then(host_of);
         let frame = rank_host
             .and_then(|to| crate::faults::take_malformed_to(&self.host, to, false))
-            .map(|garbage| {
+            .inspect(|garbage| {
                 crate::trace::record(&self.host, "ec.malformed_sent", &[("to", &addr), ("len", &garbage.len())]);
-                garbage
             })
             .unwrap_or(frame);
         let outcome = tokio::select! {

@@ -37,7 +37,7 @@ impl Default for WorkloadConfig {
             start: Duration::from_millis(200),
             span: Duration::from_secs(19),
             mean_gap: Duration::from_millis(80),
-            hashes: 24,
+            hashes: 64,
             max_items: 3,
             max_encode: Duration::from_millis(40),
         }
