@@ -48,6 +48,17 @@ impl EndpointDiscovery {
         }
     }
 
+    /// A pass that asks only `base` for its event port, as the inbox did before it
+    /// subscribed to every shard (EC S6).
+    pub fn base_only(base: &str) -> Self {
+        EndpointDiscovery {
+            base: base.to_string(),
+            shards: Some(vec![base.to_string()]),
+            endpoints: Vec::new(),
+            outcome: None,
+        }
+    }
+
     /// What to do now.
     pub fn step(&self) -> DiscoveryStep {
         if let Some(done) = &self.outcome {
@@ -113,20 +124,61 @@ enum InboxState {
     Closed,
 }
 
+/// Historical behaviours of the event inbox, each restoring one race of the catalogue
+/// (`docs/races.md`). All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboxRegressions {
+    /// EC S5: discovery runs inline in the drain (inside the scheduler's `schedule()`):
+    /// [`Inbox::discovery_blocks_drain`] tells the driver to finish the pass before the
+    /// drain returns, costing up to one control timeout per shard on every drain while
+    /// the consumer is unreachable.
+    pub s5_inline_discovery: bool,
+    /// EC S6: subscribe to the base shard only and count one shard, so one rank's event
+    /// makes an item loadable.
+    pub s6_base_shard_only: bool,
+}
+
 /// Subscription state of the scheduler's event inbox.
 #[derive(Clone, Debug)]
 pub struct Inbox {
     state: InboxState,
     shard_count: usize,
+    regressions: InboxRegressions,
 }
 
 impl Default for Inbox {
     fn default() -> Self {
-        Inbox { state: InboxState::Unsubscribed, shard_count: 1 }
+        Inbox::new(InboxRegressions::default())
     }
 }
 
 impl Inbox {
+    /// An unsubscribed inbox with the given regression switches.
+    pub fn new(regressions: InboxRegressions) -> Self {
+        Inbox { state: InboxState::Unsubscribed, shard_count: 1, regressions }
+    }
+
+    /// The discovery pass a [`InboxAction::StartDiscovery`] asks for: every shard, or
+    /// only `base` under the S6 regression.
+    pub fn discovery(&self, base: &str, cache: &TopologyCache) -> EndpointDiscovery {
+        if self.regressions.s6_base_shard_only {
+            EndpointDiscovery::base_only(base)
+        } else {
+            EndpointDiscovery::new(base, cache)
+        }
+    }
+
+    /// Whether the driver must run a requested discovery to its end inside the drain
+    /// that asked for it (the S5 regression) instead of off the caller's thread.
+    pub fn discovery_blocks_drain(&self) -> bool {
+        self.regressions.s5_inline_discovery
+    }
+
+    /// The regression switches.
+    pub fn regressions(&self) -> InboxRegressions {
+        self.regressions
+    }
+
     /// A drain began. Never blocks: at most it asks for a background discovery, so the
     /// first drain of a healthy consumer still returns nothing.
     pub fn on_drain(&mut self) -> Option<InboxAction> {
@@ -146,7 +198,10 @@ impl Inbox {
             return None;
         }
         match outcome {
-            Ok(endpoints) if !endpoints.is_empty() => {
+            Ok(mut endpoints) if !endpoints.is_empty() => {
+                if self.regressions.s6_base_shard_only {
+                    endpoints.truncate(1);
+                }
                 self.state = InboxState::Subscribed;
                 self.shard_count = endpoints.len();
                 Some(InboxAction::Subscribe(endpoints))

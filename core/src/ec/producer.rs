@@ -69,6 +69,31 @@ pub struct PushConfig {
     /// that keeps a single REQ socket per address (REQ is lockstep); further requests
     /// wait in order.
     pub max_requests_per_shard: usize,
+    /// Historical behaviours for the race catalogue, all off.
+    pub regressions: PushRegressions,
+}
+
+/// Historical behaviours of the push coordinator, each restoring one race of the
+/// catalogue (`docs/races.md`). All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PushRegressions {
+    /// EC S8: when the first `peers` exchange fails, push to the base address alone (the
+    /// removed "one-attempt data-plane fallback"), so only rank 0 of a TP>1 consumer is
+    /// reserved, written and completed. The fallback is not cached.
+    pub s8_base_fallback: bool,
+    /// EC S10: a failed item is abandoned only where a reservation was granted; the shard
+    /// whose reserve failed (timed out) gets no empty-id abandon, so a reserve it runs
+    /// after the producer gave up keeps its destination.
+    pub s10_no_compensating_cancel: bool,
+    /// EC S12: reservations are never refreshed, however old: the write goes to whatever
+    /// the consumer's TTL left of them.
+    pub s12_no_refresh: bool,
+    /// EC S16: a failed item's grants on the shards that accepted it are not abandoned.
+    pub s16_failed_item_keeps_grants: bool,
+    /// EC S17: the first failed `complete_batch` fails the batch at once: the abandons of
+    /// its reservations go out while other shards' completions are still in flight, and
+    /// those completions' replies are ignored.
+    pub s17_abandon_before_settle: bool,
 }
 
 impl Default for PushConfig {
@@ -79,6 +104,7 @@ impl Default for PushConfig {
             discovery_attempts: DISCOVERY_ATTEMPTS,
             cancel_attempts: CANCEL_ATTEMPTS,
             max_requests_per_shard: 1,
+            regressions: PushRegressions::default(),
         }
     }
 }
@@ -528,7 +554,7 @@ impl Batch {
     }
 
     /// All reserve answers are in: fail, skip or keep each item (S10, S13, S16).
-    fn judge_reservations(&mut self) {
+    fn judge_reservations(&mut self, regressions: &PushRegressions) {
         for i in self.live_items() {
             let slots = self.items[i].shards.clone();
             let failed = slots.iter().find_map(|s| match s {
@@ -549,8 +575,10 @@ impl Batch {
                 // still run a reserve whose reply was lost (S10).
                 for (shard, slot) in slots.iter().enumerate() {
                     let rid = match slot {
+                        ShardSlot::Granted(_) if regressions.s16_failed_item_keeps_grants => continue,
                         ShardSlot::Granted(g) => g.reservation_id.clone(),
                         ShardSlot::Released => continue,
+                        _ if regressions.s10_no_compensating_cancel => continue,
                         _ => String::new(),
                     };
                     self.cancel(i, shard, rid, Purpose::Cleanup, 1);
@@ -574,7 +602,9 @@ impl Batch {
 
     /// The source is bound and the reservations settled: refresh stale ones or write.
     fn refresh_or_write(&mut self, config: &PushConfig, now: Instant) {
-        if now.saturating_duration_since(self.reserved_at) >= config.reservation_refresh {
+        if !config.regressions.s12_no_refresh
+            && now.saturating_duration_since(self.reserved_at) >= config.reservation_refresh
+        {
             for i in self.live_items() {
                 let stale: Vec<(usize, String)> = self.items[i]
                     .shards
@@ -826,7 +856,7 @@ impl Batch {
                 }
             }
             Phase::Reserving => {
-                self.judge_reservations();
+                self.judge_reservations(&config.regressions);
                 self.after_reserve(config, now);
             }
             Phase::AwaitingSource => {
@@ -1072,13 +1102,20 @@ impl PushCoordinator {
     /// Applies one answer to its batch.
     fn settle(&mut self, id: BatchId, kind: OpKind, reply: Result<Value, String>) {
         let Some(batch) = self.batches.get_mut(&id) else { return };
-        batch.settle(&kind);
+        // A completion answered after the batch left Completing (S17 regression) was
+        // already written off: it holds no phase count.
+        if !matches!(kind, OpKind::Complete { .. }) || batch.phase == Phase::Completing {
+            batch.settle(&kind);
+        }
         match kind {
             OpKind::Peers { attempt } => match self.topology.record(&batch.consumer, reply) {
                 Ok(shards) => batch.shards = shards,
                 Err(error) => {
                     tracing::warn!(consumer = %batch.consumer, attempt, %error, "EC shard discovery failed");
-                    if attempt < self.config.discovery_attempts {
+                    if self.config.regressions.s8_base_fallback {
+                        // The removed fallback: the base address alone, not cached.
+                        batch.shards = vec![batch.consumer.clone()];
+                    } else if attempt < self.config.discovery_attempts {
                         batch.queue_peers(attempt + 1);
                     } else {
                         // No fallback to the base address alone (S8): nothing is sent.
@@ -1153,8 +1190,28 @@ impl PushCoordinator {
                     }
                 }
             }
+            OpKind::Complete { .. } if batch.phase != Phase::Completing => {
+                // Only the S17 regression leaves Completing with completions in flight.
+                tracing::debug!(batch = %id, "completion reply after the batch was failed; ignored");
+            }
             OpKind::Complete { shard, items } => {
+                let failed = self.config.regressions.s17_abandon_before_settle
+                    && match &reply {
+                        Err(_) => true,
+                        Ok(result) => match batch_entries(result, items.len()) {
+                            None => true,
+                            Some(entries) => {
+                                !self.config.gen_b_completion
+                                    && entries.iter().any(|e| !e.get("completed").is_some_and(truthy))
+                            }
+                        },
+                    };
                 batch.completions.insert(shard, (items, reply));
+                if failed {
+                    // Fail now: the other shards' completions are forgotten, not awaited.
+                    batch.phase_ops = 0;
+                    batch.judge_completions(&self.config);
+                }
             }
             OpKind::Write { shard, item } => {
                 if let Err(error) = reply {

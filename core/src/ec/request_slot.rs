@@ -46,18 +46,34 @@ enum SlotState {
     Waiting { deadline: Instant },
 }
 
+/// Historical behaviours of a control client's REQ slot, restoring one race of the
+/// catalogue (`docs/races.md`). All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotRegressions {
+    /// EC S9: a timed-out request keeps its socket. The next request is sent on it: a
+    /// strict REQ refuses the send (EFSM), a lenient one delivers the late reply of the
+    /// timed-out request as the answer to the new one.
+    pub s9_reuse_after_timeout: bool,
+}
+
 /// Lockstep state of the REQ socket a client keeps for one (thread, address).
 #[derive(Clone, Debug)]
 pub struct RequestSlot {
     timeout: Duration,
     generation: u64,
     state: SlotState,
+    regressions: SlotRegressions,
 }
 
 impl RequestSlot {
     /// A slot whose requests time out after `timeout` (`control_timeout_s`).
     pub fn new(timeout: Duration) -> Self {
-        RequestSlot { timeout, generation: 0, state: SlotState::NoSocket }
+        Self::with_regressions(timeout, SlotRegressions::default())
+    }
+
+    /// [`Self::new`] with regression switches.
+    pub fn with_regressions(timeout: Duration, regressions: SlotRegressions) -> Self {
+        RequestSlot { timeout, generation: 0, state: SlotState::NoSocket, regressions }
     }
 
     /// Starts a request at `now`.
@@ -98,10 +114,17 @@ impl RequestSlot {
         }
     }
 
-    /// The clock reached `poll_timeout`: an overdue request fails and its socket goes.
+    /// The clock reached `poll_timeout`: an overdue request fails and its socket goes
+    /// (under the S9 regression the socket stays and the next request reuses it).
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Discard> {
         match self.state {
-            SlotState::Waiting { deadline } if now >= deadline => self.handle_failure(),
+            SlotState::Waiting { deadline } if now >= deadline => {
+                if self.regressions.s9_reuse_after_timeout {
+                    self.state = SlotState::Idle;
+                    return None;
+                }
+                self.handle_failure()
+            }
             _ => None,
         }
     }

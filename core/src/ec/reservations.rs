@@ -51,6 +51,27 @@ pub struct BookConfig {
     pub tombstone_limit: usize,
     /// Gen A or Gen B follower completion.
     pub follower_completion: FollowerCompletion,
+    /// Historical behaviours for the race catalogue, all off.
+    pub regressions: BookRegressions,
+}
+
+/// Historical behaviours of the reservation book, each restoring one race of the
+/// catalogue (`docs/races.md`). All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BookRegressions {
+    /// EC S11: a deferred record (CANCEL_PENDING, EXPIRE_PENDING) is freed this long after
+    /// it was deferred, as an intermediate reference version did, although its writer may
+    /// still be writing; a late write then lands in memory another transfer may own.
+    pub s11_grace_period_free: Option<Duration>,
+    /// EC S12: `complete` matches the transfer id only, so a late completion carrying a
+    /// refreshed-away reservation id completes the new reservation before its write.
+    pub s12_complete_ignores_reservation_id: bool,
+    /// EC S13: a cancel before the reserve leaves no tombstone (and answers `false`), so
+    /// the producer's later reserve allocates and writes for a request that is gone.
+    pub s13_no_cancel_tombstone: bool,
+    /// EC S14: a follower's refresh (`cancel(abandon, refresh)`) abandons the writer it
+    /// shares, freeing the destination the writer's producer is still writing.
+    pub s14_follower_refresh_abandons_writer: bool,
 }
 
 impl Default for BookConfig {
@@ -59,6 +80,7 @@ impl Default for BookConfig {
             ttl: RESERVATION_TTL,
             tombstone_limit: TOMBSTONE_LIMIT,
             follower_completion: FollowerCompletion::Reject,
+            regressions: BookRegressions::default(),
         }
     }
 }
@@ -422,7 +444,7 @@ impl<R: RngCore> ReservationBook<R> {
         let Some(rec) = self.records.get(&tid) else {
             return (false, false);
         };
-        if !rec.rid_matches(reservation_id) {
+        if !rec.rid_matches(reservation_id) && !self.config.regressions.s12_complete_ignores_reservation_id {
             return (false, false);
         }
         if rec.state == State::Ready {
@@ -497,6 +519,9 @@ impl<R: RngCore> ReservationBook<R> {
     ) -> bool {
         let tid = TransferId::new(transfer_id);
         let Some(rec) = self.records.get(&tid) else {
+            if self.config.regressions.s13_no_cancel_tombstone {
+                return false;
+            }
             // Rule 2: cancel before reserve leaves a tombstone the later reserve will find.
             let shape = self.shapes.intern(&[]);
             self.records.insert(
@@ -532,6 +557,16 @@ impl<R: RngCore> ReservationBook<R> {
             if !abandon || !matches!(state, State::Writing | State::ExpirePending) {
                 return false;
             }
+            if follower && self.config.regressions.s14_follower_refresh_abandons_writer {
+                if let Some(writer) = rec.writer().cloned() {
+                    // The writer's followers, this one included, are cancelled with it.
+                    if self.records.get(&writer).is_some_and(|w| w.state == State::Writing) {
+                        self.set_state(&writer, State::ExpirePending);
+                    }
+                    self.terminate(&writer, State::Expired, now);
+                    return true;
+                }
+            }
             if state == State::Writing {
                 self.set_state(&tid, State::ExpirePending);
             }
@@ -546,7 +581,7 @@ impl<R: RngCore> ReservationBook<R> {
             return true;
         }
         if state == State::Writing && !abandon {
-            self.defer(&tid, State::CancelPending);
+            self.defer(&tid, State::CancelPending, now);
             return true;
         }
         if !state.is_active() {
@@ -561,6 +596,7 @@ impl<R: RngCore> ReservationBook<R> {
     /// READY records expired. Before the earliest deadline it costs one comparison.
     pub fn expire(&mut self, now: Instant) -> usize {
         let mut expired = 0;
+        let grace = self.config.regressions.s11_grace_period_free.is_some();
         if now >= self.next_due {
             let due: Vec<TransferId> = self
                 .records
@@ -576,7 +612,10 @@ impl<R: RngCore> ReservationBook<R> {
                         expired += 1;
                     }
                     (State::Writing, true) => self.terminate(&tid, State::Cancelled, now),
-                    (State::Writing, false) => self.defer(&tid, State::ExpirePending),
+                    (State::Writing, false) => self.defer(&tid, State::ExpirePending, now),
+                    // Only the S11 regression gives deferred records a deadline.
+                    (State::CancelPending, _) if grace => self.terminate(&tid, State::Cancelled, now),
+                    (State::ExpirePending, _) if grace => self.terminate(&tid, State::Expired, now),
                     _ => {}
                 }
             }
@@ -669,7 +708,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
         for tid in &ids {
             if self.records.get(tid).is_some_and(|r| r.state == State::Writing) {
-                self.defer(tid, State::CancelPending);
+                self.defer(tid, State::CancelPending, now);
             }
         }
     }
@@ -763,13 +802,19 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Move to a deferred state: no timeout can release it any more.
-    fn defer(&mut self, tid: &TransferId, to: State) {
+    /// Move to a deferred state: no timeout can release it any more (unless the S11
+    /// regression gives it a grace period).
+    fn defer(&mut self, tid: &TransferId, to: State, now: Instant) {
         self.set_state(tid, to);
         self.unindex_writer(tid);
+        let deadline = match self.config.regressions.s11_grace_period_free {
+            Some(grace) => now + grace,
+            None => NEVER,
+        };
         if let Some(rec) = self.records.get_mut(tid) {
-            rec.deadline = NEVER;
+            rec.deadline = deadline;
         }
+        self.next_due = self.next_due.min(deadline);
     }
 
     /// Move to a terminal state, release memory (a writer also cancels its followers) and
@@ -908,7 +953,8 @@ impl<R: RngCore> ReservationBook<R> {
             if r.state.is_terminal() && (r.dest != Dest::None || r.link.is_some()) {
                 return Err(format!("terminal {tid:?} still holds memory or links"));
             }
-            if r.state.is_active() && r.state.is_deferred() != (r.deadline == NEVER) {
+            let never = r.state.is_deferred() && self.config.regressions.s11_grace_period_free.is_none();
+            if r.state.is_active() && never != (r.deadline == NEVER) {
                 return Err(format!("{tid:?} in {} has deadline {}", r.state, r.deadline));
             }
             if r.state.is_active() && r.deadline < self.next_due {

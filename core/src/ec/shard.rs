@@ -44,6 +44,33 @@ pub struct ShardConfig {
     pub reap_interval: Duration,
     /// Largest batch accepted by `reserve_batch` / `complete_batch`.
     pub max_batch_items: usize,
+    /// Historical behaviours for the race catalogue, all off.
+    pub regressions: ShardRegressions,
+}
+
+/// Historical behaviours of the control server, each restoring one race of the catalogue
+/// (`docs/races.md`). All off by default; a halted shard is reported by
+/// [`ConsumerShard::halted`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardRegressions {
+    /// EC S1: an undecodable request escapes the serving loop, as `recv_json` raising
+    /// outside the per-request `try` did: no reply, both sockets closed, the server gone.
+    pub s1_undecodable_kills_server: bool,
+    /// EC S2: the first periodic reap at or after this instant fails, as the reference's
+    /// `reap()` raising did, and the server stops serving. An injected fault: ctlplane's
+    /// reap cannot fail, so this is how a replay makes the control thread die.
+    pub s2_reap_fault_at: Option<Instant>,
+}
+
+/// Why a shard stopped serving (only with a [`ShardRegressions`] switch on). The driver
+/// must send nothing more, close REP and PUSH, and end the serving loop; clients then see
+/// only timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Halt {
+    /// EC S1: a request frame was not UTF-8 JSON; it gets no reply.
+    UndecodableRequest,
+    /// EC S2: the periodic reap failed.
+    ReapFailed,
 }
 
 impl ShardConfig {
@@ -59,6 +86,7 @@ impl ShardConfig {
             max_pending_events: MAX_PENDING_EVENTS,
             reap_interval: REAP_INTERVAL,
             max_batch_items: wire::DEFAULT_MAX_BATCH_ITEMS,
+            regressions: ShardRegressions::default(),
         }
     }
 
@@ -103,6 +131,7 @@ pub struct ConsumerShard<R> {
     events: VecDeque<PendingEvent>,
     last_reap: Instant,
     stats: ShardStats,
+    halted: Option<Halt>,
 }
 
 impl<R: RngCore> ConsumerShard<R> {
@@ -116,6 +145,7 @@ impl<R: RngCore> ConsumerShard<R> {
             events: VecDeque::new(),
             last_reap: now,
             stats: ShardStats::default(),
+            halted: None,
         }
     }
 
@@ -124,13 +154,23 @@ impl<R: RngCore> ConsumerShard<R> {
         self.event_port = Some(port);
     }
 
-    /// Input: one request frame off the REP socket. Always returns the reply frame.
+    /// Input: one request frame off the REP socket. Always returns the reply frame, except
+    /// on a shard that [`Self::halted`] (only with a regression switch on): then it returns
+    /// an empty frame that must not be sent.
     pub fn handle_request(&mut self, frame: &[u8], now: Instant) -> Vec<u8> {
+        if self.halted.is_some() {
+            return Vec::new();
+        }
         self.stats.requests += 1;
         let reply = match wire::decode_request(frame, self.config.max_batch_items) {
             Ok(request) => {
                 tracing::trace!(port = self.config.port, op = request.op(), "control request");
                 self.dispatch(request, now)
+            }
+            Err(WireError::Malformed) if self.config.regressions.s1_undecodable_kills_server => {
+                self.stats.malformed += 1;
+                self.halt(Halt::UndecodableRequest);
+                return Vec::new();
             }
             Err(WireError::Malformed) => {
                 self.stats.malformed += 1;
@@ -253,7 +293,14 @@ impl<R: RngCore> ConsumerShard<R> {
 
     /// Input: the clock reached [`Self::poll_timeout`]. Reaps if the interval has passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.halted.is_some() {
+            return;
+        }
         if now.saturating_duration_since(self.last_reap) >= self.config.reap_interval {
+            if self.config.regressions.s2_reap_fault_at.is_some_and(|at| now >= at) {
+                self.halt(Halt::ReapFailed);
+                return;
+            }
             let expired = self.book.expire(now);
             self.last_reap = now;
             self.stats.reaps += 1;
@@ -263,14 +310,33 @@ impl<R: RngCore> ConsumerShard<R> {
         }
     }
 
-    /// When the next periodic reap is due.
+    /// When the next periodic reap is due (never, once halted).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.halted.is_some() {
+            return None;
+        }
         Some(self.last_reap + self.config.reap_interval)
     }
 
-    /// Output: the oldest queued readiness event.
+    /// Output: the oldest queued readiness event (none once halted: PUSH is closed).
     pub fn peek_event(&self) -> Option<&[u8]> {
+        if self.halted.is_some() {
+            return None;
+        }
         self.events.front().map(|e| e.frame.as_slice())
+    }
+
+    /// Whether, and why, the shard stopped serving. Only a [`ShardRegressions`] switch
+    /// halts a shard. The driver checks this after every `handle_request` and
+    /// `handle_timeout`: once `Some`, it drops the reply, closes REP and PUSH and ends the
+    /// serving loop, as the reference's dead control thread did.
+    pub fn halted(&self) -> Option<Halt> {
+        self.halted
+    }
+
+    fn halt(&mut self, why: Halt) {
+        tracing::error!(port = self.config.port, ?why, "EC control server stopped serving");
+        self.halted = Some(why);
     }
 
     /// The event from [`Self::peek_event`] was sent: drop it from the backlog.

@@ -1,0 +1,585 @@
+//! The regression switches of the race catalogue (`docs/races.md`): each test drives one
+//! core machine directly (sans-IO) through its race and shows what changes when the switch
+//! restores the historical behaviour. Default configurations must keep the fixed behaviour.
+
+use ctlplane_core::ec::inbox::{EndpointDiscovery, Inbox, InboxAction, InboxRegressions, ReadyEvent};
+use ctlplane_core::ec::producer::{
+    BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, PushRegressions, Transmit,
+};
+use ctlplane_core::ec::readiness::{EventFate, Readiness};
+use ctlplane_core::ec::request_slot::{Discard, ReplyFate, RequestSlot, SlotRegressions};
+use ctlplane_core::ec::reservations::{BookRegressions, ReserveRequest, Reserved, RESERVATION_TTL};
+use ctlplane_core::ec::shard::{reply_result, Halt, ShardRegressions};
+use ctlplane_core::ec::topology::TopologyCache;
+use ctlplane_core::ec::{BookConfig, ConsumerShard, DType, ReservationBook, ShardConfig, State};
+use ctlplane_core::Instant;
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+type Shard = ConsumerShard<ChaCha8Rng>;
+
+const T0: Instant = Instant::from_secs(1000);
+const NBYTES: u64 = 16384;
+const POOL: u64 = 1 << 20;
+const TIMEOUT: &str = "Resource temporarily unavailable";
+const MALFORMED: &[u8] = br#"{"ok": false, "error": "malformed control request"}"#;
+const PEERS: &[u8] = br#"{"op": "peers"}"#;
+
+fn shard(regressions: ShardRegressions) -> Shard {
+    let mut config = ShardConfig::new(19019, POOL);
+    config.regressions = regressions;
+    ConsumerShard::new(config, ChaCha8Rng::seed_from_u64(1), T0)
+}
+
+fn reserve_frame(tid: &str, hash: &str) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"op": "reserve", "transfer_id": tid, "mm_hash": hash, "nbytes": 16, "shape": [8], "dtype": "float16"}),
+    )
+    .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// EC S1, S2: the control server dies
+
+#[test]
+fn ec_s1_undecodable_request_halts_the_server_only_with_the_switch() {
+    let mut fixed = shard(ShardRegressions::default());
+    assert_eq!(fixed.handle_request(b"{not json", T0), MALFORMED);
+    assert_eq!(fixed.halted(), None);
+    assert_eq!(reply_result(&fixed.handle_request(PEERS, T0)), Ok(json!({"ports": [19019]})));
+
+    let mut old = shard(ShardRegressions { s1_undecodable_kills_server: true, ..ShardRegressions::default() });
+    assert!(old.handle_request(b"{not json", T0).is_empty(), "no reply: the REP never answers");
+    assert_eq!(old.halted(), Some(Halt::UndecodableRequest));
+    assert!(old.handle_request(PEERS, T0).is_empty(), "nothing is served after the death");
+    assert_eq!(old.poll_timeout(), None);
+    // A well-formed request on a live historical shard is still served.
+    let mut live = shard(ShardRegressions { s1_undecodable_kills_server: true, ..ShardRegressions::default() });
+    assert_eq!(reply_result(&live.handle_request(PEERS, T0)), Ok(json!({"ports": [19019]})));
+    assert_eq!(live.halted(), None);
+}
+
+#[test]
+fn ec_s2_reap_fault_halts_the_server_from_its_instant_on() {
+    let fault = T0 + Duration::from_secs(5);
+    let mut old = shard(ShardRegressions { s2_reap_fault_at: Some(fault), ..ShardRegressions::default() });
+    let mut fixed = shard(ShardRegressions::default());
+    for s in [&mut old, &mut fixed] {
+        for k in 1..5 {
+            s.handle_timeout(T0 + Duration::from_secs(k));
+        }
+        assert_eq!(s.halted(), None, "before the fault both serve");
+        assert!(!s.handle_request(&reserve_frame("t1", "h1"), T0 + Duration::from_secs(4)).is_empty());
+        assert_eq!(s.pending_events(), 0);
+        s.handle_timeout(fault);
+    }
+    assert_eq!(old.halted(), Some(Halt::ReapFailed));
+    assert!(old.handle_request(PEERS, fault).is_empty(), "every later request goes unanswered");
+    assert_eq!(old.poll_timeout(), None);
+    assert_eq!(fixed.halted(), None);
+    assert_eq!(fixed.stats().reaps, 5);
+    assert_eq!(reply_result(&fixed.handle_request(PEERS, fault)), Ok(json!({"ports": [19019]})));
+}
+
+// ---------------------------------------------------------------------------------------
+// EC S4: present behaviour, no switch
+
+#[test]
+fn ec_s4_full_backlog_drops_the_oldest_and_counts_it() {
+    let mut config = ShardConfig::new(19019, POOL);
+    config.max_pending_events = 2;
+    let mut s = ConsumerShard::new(config, ChaCha8Rng::seed_from_u64(1), T0);
+    for t in ["a", "b", "c"] {
+        let granted = reply_result(&s.handle_request(&reserve_frame(t, &format!("h{t}")), T0)).unwrap();
+        let rid = granted["reservation_id"].as_str().unwrap().to_string();
+        let complete = json!({"op": "complete", "transfer_id": t, "reservation_id": rid});
+        s.handle_request(&serde_json::to_vec(&complete).unwrap(), T0);
+    }
+    assert_eq!(s.pending_events(), 2, "the bound holds");
+    assert_eq!(s.stats().events_dropped, 1, "the drop is counted");
+    let first: Value = serde_json::from_slice(s.peek_event().unwrap()).unwrap();
+    assert_eq!(first["transfer_id"], "b", "the oldest (a) went");
+    assert_eq!(s.book().state_of("a"), Some(State::Ready), "a's reservation stays until cancel or TTL");
+}
+
+// ---------------------------------------------------------------------------------------
+// EC S5, S6: the scheduler's event inbox
+
+#[test]
+fn ec_s5_inline_discovery_is_asked_of_the_driver_only_with_the_switch() {
+    let mut fixed = Inbox::default();
+    let mut old = Inbox::new(InboxRegressions { s5_inline_discovery: true, ..InboxRegressions::default() });
+    assert!(!fixed.discovery_blocks_drain());
+    assert!(old.discovery_blocks_drain());
+    for inbox in [&mut fixed, &mut old] {
+        // Both ask for a pass on every drain while the consumer stays unreachable: the
+        // failure is not cached, so an inline pass costs its timeouts on every drain.
+        for _ in 0..3 {
+            assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery));
+            assert_eq!(inbox.on_discovery(Err(TIMEOUT.into())), None);
+        }
+    }
+}
+
+fn ready(tid: &str, shard: i64) -> ReadyEvent {
+    ReadyEvent {
+        transfer_id: tid.into(),
+        mm_hash: "h".into(),
+        nbytes: 16,
+        shape: vec![8],
+        dtype: "float16".into(),
+        shard: Some(shard),
+    }
+}
+
+#[test]
+fn ec_s6_base_shard_only_makes_one_rank_enough() {
+    let base = "tcp://10.0.0.5:19019";
+    let endpoints: Vec<String> = (1..=3).map(|k| format!("tcp://10.0.0.5:2000{k}")).collect();
+    let cache = TopologyCache::default();
+    let mut outcomes = Vec::new();
+    for regressions in
+        [InboxRegressions::default(), InboxRegressions { s6_base_shard_only: true, ..Default::default() }]
+    {
+        let mut inbox = Inbox::new(regressions);
+        let pass = inbox.discovery(base, &cache);
+        let first = pass.step();
+        assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery));
+        let subscribed = inbox.on_discovery(Ok(endpoints.clone()));
+        let mut readiness = Readiness::default();
+        readiness.wait_for_event("t", "h", T0).unwrap();
+        let fate = readiness.handle_event(ready("t", 19019), inbox.shard_count(), T0);
+        outcomes.push((first, subscribed, inbox.shard_count(), fate));
+    }
+    let (first, subscribed, count, fate) = &outcomes[0];
+    assert_eq!(first, &EndpointDiscovery::new(base, &TopologyCache::default()).step(), "peers first");
+    assert_eq!(subscribed, &Some(InboxAction::Subscribe(endpoints.clone())));
+    assert_eq!((*count, *fate), (3, EventFate::Partial), "rank 0 alone is not enough");
+
+    let (first, subscribed, count, fate) = &outcomes[1];
+    assert_eq!(first, &EndpointDiscovery::base_only(base).step(), "only the base's event_port");
+    assert!(matches!(first, ctlplane_core::ec::inbox::DiscoveryStep::Request { addr, frame }
+        if addr == base && frame == br#"{"op": "event_port"}"#));
+    assert_eq!(subscribed, &Some(InboxAction::Subscribe(endpoints[..1].to_vec())));
+    assert_eq!((*count, *fate), (1, EventFate::Accepted), "accepted before ranks 1 and 2 hold it");
+}
+
+// ---------------------------------------------------------------------------------------
+// EC S9: the REQ slot
+
+#[test]
+fn ec_s9_reused_socket_takes_the_late_reply_as_the_next_answer() {
+    let timeout = Duration::from_secs(30);
+    let mut fixed = RequestSlot::new(timeout);
+    let mut old = RequestSlot::with_regressions(timeout, SlotRegressions { s9_reuse_after_timeout: true });
+    for slot in [&mut fixed, &mut old] {
+        assert!(slot.begin(T0).unwrap().open);
+    }
+    let late = T0 + timeout;
+    assert_eq!(fixed.handle_timeout(late), Some(Discard { generation: 1 }));
+    assert_eq!(old.handle_timeout(late), None, "the timed-out socket is kept");
+
+    let next = fixed.begin(late).unwrap();
+    assert_eq!((next.generation, next.open), (2, true));
+    assert_eq!(fixed.handle_reply(1), ReplyFate::Ignore, "the late reply of request 1 is dropped");
+
+    let next = old.begin(late).unwrap();
+    assert_eq!((next.generation, next.open), (1, false), "request 2 goes out on the old socket");
+    assert_eq!(old.handle_reply(1), ReplyFate::Accept, "request 1's late reply answers request 2");
+}
+
+// ---------------------------------------------------------------------------------------
+// EC S11-S14: the reservation book
+
+fn book(regressions: BookRegressions) -> ReservationBook<ChaCha8Rng> {
+    let config = BookConfig { regressions, ..BookConfig::default() };
+    ReservationBook::new(POOL, config, ChaCha8Rng::seed_from_u64(7))
+}
+
+fn req(tid: &str, hash: &str) -> ReserveRequest {
+    ReserveRequest {
+        transfer_id: tid.into(),
+        mm_hash: hash.into(),
+        nbytes: NBYTES,
+        shape: vec![64, 64],
+        dtype: DType::Float16,
+    }
+}
+
+fn granted(r: Result<Reserved, ctlplane_core::ec::ReserveError>) -> (String, u64, bool) {
+    match r {
+        Ok(Reserved::Granted { reservation_id, view, write, .. }) => {
+            (reservation_id.to_string(), view.region.offset, write)
+        }
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn ec_s11_grace_period_frees_a_destination_its_writer_still_writes() {
+    let grace = Duration::from_secs(10);
+    let mut fixed = book(BookRegressions::default());
+    let mut old = book(BookRegressions { s11_grace_period_free: Some(grace), ..BookRegressions::default() });
+    let mut offsets = Vec::new();
+    for b in [&mut fixed, &mut old] {
+        let (rid, offset, write) = granted(b.reserve(&req("t1", "h1"), T0));
+        assert!(write);
+        assert!(b.cancel("t1", &rid, false, false, T0), "plain cancel defers");
+        assert_eq!(b.state_of("t1"), Some(State::CancelPending));
+        b.expire(T0 + grace);
+        b.check_invariants().unwrap();
+        // Another transfer asks for memory while t1's writer is still writing.
+        let (_, other, _) = granted(b.reserve(&req("t2", "h2"), T0 + grace));
+        offsets.push((offset, other, b.state_of("t1"), b.writer_owned_regions().len()));
+        // The writer's completion comes last.
+        let late = b.complete("t1", &rid, T0 + grace + Duration::from_secs(1));
+        b.check_invariants().unwrap();
+        offsets.push((0, 0, b.state_of("t1"), usize::from(late.0)));
+    }
+    let (t1, t2, state, owned) = offsets[0];
+    assert_ne!(t1, t2, "fixed: t1's region stays reserved for its writer");
+    assert_eq!((state, owned), (Some(State::CancelPending), 2));
+    assert_eq!((offsets[1].2, offsets[1].3), (Some(State::Cancelled), 1), "the writer's completion frees it");
+
+    let (t1, t2, state, owned) = offsets[2];
+    assert_eq!(t1, t2, "historical: t2 is handed the region t1's writer still writes into");
+    assert_eq!((state, owned), (Some(State::Cancelled), 1));
+    assert_eq!(offsets[3].3, 0, "the late completion is refused");
+}
+
+#[test]
+fn ec_s12_late_completion_with_the_old_id_completes_the_new_reservation() {
+    let mut outcomes = Vec::new();
+    for regressions in [
+        BookRegressions::default(),
+        BookRegressions { s12_complete_ignores_reservation_id: true, ..Default::default() },
+    ] {
+        let mut b = book(regressions);
+        let (old_rid, _, _) = granted(b.reserve(&req("t1", "h1"), T0));
+        // The producer's refresh abandons the stale reservation and reserves again.
+        assert!(b.cancel("t1", &old_rid, true, true, T0 + Duration::from_secs(150)));
+        let (new_rid, _, write) = granted(b.reserve(&req("t1", "h1"), T0 + Duration::from_secs(150)));
+        assert!(write);
+        assert_ne!(old_rid, new_rid);
+        let late = b.complete("t1", &old_rid, T0 + Duration::from_secs(151));
+        outcomes.push((late, b.state_of("t1")));
+    }
+    assert_eq!(outcomes[0], ((false, false), Some(State::Writing)), "fixed: the new record is untouched");
+    assert_eq!(outcomes[1], ((true, true), Some(State::Ready)), "historical: READY before the new write landed");
+}
+
+#[test]
+fn ec_s13_cancel_before_reserve_leaves_no_tombstone() {
+    let mut fixed = book(BookRegressions::default());
+    let mut old = book(BookRegressions { s13_no_cancel_tombstone: true, ..BookRegressions::default() });
+    assert!(fixed.cancel("t1", "", false, false, T0));
+    assert!(!old.cancel("t1", "", false, false, T0), "nothing to cancel");
+    assert_eq!(fixed.reserve(&req("t1", "h1"), T0), Ok(Reserved::Cancelled), "the producer skips the write");
+    assert_eq!(fixed.slab().used_bytes(), 0);
+    let (_, _, write) = granted(old.reserve(&req("t1", "h1"), T0));
+    assert!(write, "historical: memory allocated and written for a request that is gone");
+    assert!(old.slab().used_bytes() > 0);
+    old.check_invariants().unwrap();
+}
+
+#[test]
+fn ec_s14_follower_refresh_abandons_the_shared_writer() {
+    let mut states = Vec::new();
+    for regressions in [
+        BookRegressions::default(),
+        BookRegressions { s14_follower_refresh_abandons_writer: true, ..Default::default() },
+    ] {
+        let mut b = book(regressions);
+        let (_, w_off, write) = granted(b.reserve(&req("w", "h"), T0));
+        assert!(write);
+        let (f_rid, f_off, f_write) = granted(b.reserve(&req("f", "h"), T0));
+        assert_eq!((f_off, f_write), (w_off, false), "the follower shares the writer's destination");
+        assert!(b.cancel("f", &f_rid, true, true, T0));
+        b.check_invariants().unwrap();
+        states.push((b.state_of("w"), b.state_of("f"), b.slab().used_bytes() > 0));
+    }
+    assert_eq!(states[0], (Some(State::Writing), Some(State::Expired), true), "fixed: the writer keeps writing");
+    assert_eq!(
+        states[1],
+        (Some(State::Expired), Some(State::Cancelled), false),
+        "historical: the writer's destination is freed under its producer"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// EC S8, S10, S12, S16, S17: the producer's push coordinator against real shards
+
+fn addr(rank: usize) -> String {
+    format!("tcp://10.0.0.5:{}", 19019 + rank)
+}
+
+fn item(tid: &str) -> PushItem {
+    PushItem {
+        transfer_id: tid.into(),
+        mm_hash: format!("h-{tid}"),
+        nbytes: NBYTES,
+        shape: vec![64, 128],
+        dtype: "float16".into(),
+    }
+}
+
+/// What happens to a request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Deliver,
+    /// Never reaches the shard.
+    Fail,
+    /// Runs on the shard; the reply is lost.
+    LoseReply,
+}
+
+type Rule = Box<dyn Fn(&str, &Value) -> Fate>;
+
+struct World {
+    coord: PushCoordinator,
+    shards: BTreeMap<String, Shard>,
+    now: Instant,
+    sent: Vec<(String, Value)>,
+    done: Vec<PushEvent>,
+    rule: Rule,
+}
+
+impl World {
+    fn new(pools: &[u64], regressions: PushRegressions) -> Self {
+        let ports: Vec<u16> = (0..pools.len()).map(|r| 19019 + r as u16).collect();
+        let mut shards = BTreeMap::new();
+        for (rank, &pool) in pools.iter().enumerate() {
+            let mut config = ShardConfig::new(ports[rank], pool);
+            config.peer_ports = ports.clone();
+            config.dst_session = format!("session-{rank}");
+            shards.insert(addr(rank), ConsumerShard::new(config, ChaCha8Rng::seed_from_u64(rank as u64 + 1), T0));
+        }
+        let config = PushConfig { regressions, ..PushConfig::default() };
+        World {
+            coord: PushCoordinator::new(config),
+            shards,
+            now: T0,
+            sent: Vec::new(),
+            done: Vec::new(),
+            rule: Box::new(|_, _| Fate::Deliver),
+        }
+    }
+
+    fn collect(&mut self) -> Vec<Transmit> {
+        std::iter::from_fn(|| self.coord.poll_transmit()).collect()
+    }
+
+    fn deliver(&mut self, t: Transmit) {
+        match t {
+            Transmit::Request { token, addr, frame } => {
+                let request: Value = serde_json::from_slice(&frame).unwrap();
+                self.sent.push((addr.clone(), request.clone()));
+                let fate = (self.rule)(&addr, &request);
+                let reply = match (fate, self.shards.get_mut(&addr)) {
+                    (Fate::Fail, _) | (_, None) => Err(TIMEOUT.to_string()),
+                    (Fate::Deliver, Some(s)) => reply_result(&s.handle_request(&frame, self.now)),
+                    (Fate::LoseReply, Some(s)) => {
+                        s.handle_request(&frame, self.now);
+                        Err(TIMEOUT.to_string())
+                    }
+                };
+                self.coord.handle_reply(token, reply, self.now);
+            }
+            Transmit::Write { token, .. } => self.coord.handle_write(token, Ok(()), self.now),
+        }
+        while let Some(e) = self.coord.poll_event() {
+            self.done.push(e);
+        }
+    }
+
+    fn step(&mut self) -> usize {
+        let round = self.collect();
+        let n = round.len();
+        for t in round {
+            self.deliver(t);
+        }
+        n
+    }
+
+    fn run(&mut self) {
+        while self.step() > 0 {}
+    }
+
+    fn outcomes(&self) -> Vec<ItemOutcome> {
+        match self.done.as_slice() {
+            [PushEvent::BatchDone { outcomes, .. }] => outcomes.clone(),
+            other => panic!("expected one finished batch, got {other:?}"),
+        }
+    }
+
+    fn ops_to(&self, rank: usize) -> Vec<String> {
+        self.sent.iter().filter(|(a, _)| *a == addr(rank)).map(|(_, r)| r["op"].as_str().unwrap().to_string()).collect()
+    }
+
+    fn cancels_to(&self, rank: usize) -> Vec<String> {
+        self.sent
+            .iter()
+            .filter(|(a, r)| *a == addr(rank) && r["op"] == "cancel")
+            .map(|(_, r)| r["reservation_id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn used(&self, rank: usize) -> u64 {
+        self.shards[&addr(rank)].book().slab().used_bytes()
+    }
+
+    fn state(&self, rank: usize, tid: &str) -> Option<State> {
+        self.shards[&addr(rank)].book().state_of(tid)
+    }
+
+    fn events(&mut self, rank: usize) -> usize {
+        let s = self.shards.get_mut(&addr(rank)).unwrap();
+        let mut n = 0;
+        while s.peek_event().is_some() {
+            s.confirm_sent();
+            n += 1;
+        }
+        n
+    }
+}
+
+fn push(w: &mut World, tids: &[&str], source_ready: bool) -> BatchId {
+    let mut batch = PushBatch::new(addr(0), tids.iter().map(|t| item(t)).collect());
+    batch.source_ready = source_ready;
+    w.coord.push(batch, w.now)
+}
+
+#[test]
+fn ec_s8_failed_discovery_falls_back_to_rank_zero_only() {
+    let peers_fail: fn(&str, &Value) -> Fate = |_, r| if r["op"] == "peers" { Fate::Fail } else { Fate::Deliver };
+    let mut fixed = World::new(&[POOL, POOL], PushRegressions::default());
+    fixed.rule = Box::new(peers_fail);
+    push(&mut fixed, &["t1"], true);
+    fixed.run();
+    assert!(matches!(fixed.outcomes()[0], ItemOutcome::Failed { .. }));
+    assert_eq!(fixed.ops_to(0), ["peers", "peers"], "two attempts, then nothing is sent");
+
+    let mut old = World::new(&[POOL, POOL], PushRegressions { s8_base_fallback: true, ..Default::default() });
+    old.rule = Box::new(peers_fail);
+    push(&mut old, &["t1"], true);
+    old.run();
+    assert_eq!(old.outcomes(), vec![ItemOutcome::Pushed], "reported pushed");
+    assert_eq!(old.ops_to(0), ["peers", "reserve", "complete_batch"]);
+    assert!(old.ops_to(1).is_empty(), "rank 1 never hears of the item");
+    assert_eq!((old.state(0, "t1"), old.state(1, "t1")), (Some(State::Ready), None));
+    assert!(old.coord.topology().get(&addr(0)).is_none(), "the fallback is not cached");
+}
+
+#[test]
+fn ec_s10_a_late_reserve_without_its_compensating_cancel_pins_memory() {
+    let lose_rank1_reserve: fn(&str, &Value) -> Fate =
+        |a, r| if a == addr(1) && r["op"] == "reserve" { Fate::LoseReply } else { Fate::Deliver };
+    let mut results = Vec::new();
+    for regressions in
+        [PushRegressions::default(), PushRegressions { s10_no_compensating_cancel: true, ..Default::default() }]
+    {
+        let mut w = World::new(&[POOL, POOL], regressions);
+        w.rule = Box::new(lose_rank1_reserve);
+        push(&mut w, &["t1"], true);
+        w.run();
+        assert!(matches!(w.outcomes()[0], ItemOutcome::Failed { .. }));
+        // The consumer's TTL passes: a writer nobody abandons is deferred, not freed.
+        let later = T0 + RESERVATION_TTL + Duration::from_secs(1);
+        w.shards.get_mut(&addr(1)).unwrap().handle_timeout(later);
+        results.push((w.cancels_to(1), w.state(1, "t1"), w.used(1), w.used(0)));
+    }
+    assert_eq!(results[0], (vec![String::new()], None, 0, 0), "fixed: the empty-id abandon frees rank 1");
+    let (cancels, state, used, used0) = &results[1];
+    assert!(cancels.is_empty(), "historical: no cancel to the shard whose reserve timed out");
+    assert_eq!(*state, Some(State::ExpirePending), "pinned with no deadline");
+    assert!(*used > 0);
+    assert_eq!(*used0, 0, "rank 0's grant is still abandoned");
+}
+
+#[test]
+fn ec_s12_without_refresh_the_write_goes_to_a_deferred_reservation() {
+    let mut results = Vec::new();
+    for regressions in [PushRegressions::default(), PushRegressions { s12_no_refresh: true, ..Default::default() }] {
+        let mut w = World::new(&[POOL, POOL], regressions);
+        let id = push(&mut w, &["t1"], false);
+        w.run();
+        // The encoder output arrives after the consumer's TTL deferred the writers.
+        w.now = T0 + RESERVATION_TTL + Duration::from_secs(1);
+        for rank in 0..2 {
+            let now = w.now;
+            w.shards.get_mut(&addr(rank)).unwrap().handle_timeout(now);
+            assert_eq!(w.state(rank, "t1"), Some(State::ExpirePending));
+        }
+        w.coord.bind_source(id, w.now).unwrap();
+        w.run();
+        let events: Vec<usize> = (0..2).map(|r| w.events(r)).collect();
+        results.push((w.outcomes(), events, w.state(0, "t1"), w.ops_to(0)));
+    }
+    let (outcomes, events, state, ops) = &results[0];
+    assert_eq!(outcomes, &vec![ItemOutcome::Pushed]);
+    assert_eq!((events.as_slice(), *state), (&[1, 1][..], Some(State::Ready)), "fixed: refreshed, written, ready");
+    assert_eq!(ops, &["peers", "reserve", "cancel", "reserve", "complete_batch"]);
+
+    let (outcomes, events, state, ops) = &results[1];
+    assert_eq!(outcomes, &vec![ItemOutcome::Pushed], "reported pushed all the same");
+    assert_eq!(events.as_slice(), &[0, 0], "historical: no readiness ever; the request fails by push-wait");
+    assert_eq!(*state, Some(State::Expired));
+    assert_eq!(ops, &["peers", "reserve", "complete_batch"]);
+}
+
+#[test]
+fn ec_s16_a_failed_item_keeps_its_grants_on_the_other_shards() {
+    let mut results = Vec::new();
+    for regressions in
+        [PushRegressions::default(), PushRegressions { s16_failed_item_keeps_grants: true, ..Default::default() }]
+    {
+        // Shard 1's pool cannot hold the tensor.
+        let mut w = World::new(&[POOL, 256], regressions);
+        push(&mut w, &["t1"], true);
+        w.run();
+        assert_eq!(w.outcomes(), vec![ItemOutcome::Failed { error: "EC consumer buffer pool is full".into() }]);
+        results.push((w.cancels_to(0).len(), w.cancels_to(1), w.state(0, "t1"), w.used(0)));
+    }
+    assert_eq!(results[0], (1, vec![String::new()], Some(State::Cancelled), 0), "fixed: rank 0's grant is abandoned");
+    let (cancels0, cancels1, state, used) = &results[1];
+    assert_eq!(*cancels0, 0, "historical: rank 0 keeps a WRITING reservation nobody will write");
+    assert_eq!(cancels1, &vec![String::new()], "the failed shard still gets its empty-id abandon");
+    assert_eq!(*state, Some(State::Writing));
+    assert!(*used > 0);
+}
+
+#[test]
+fn ec_s17_abandons_go_out_while_another_shard_still_completes() {
+    let lose_rank0_complete: fn(&str, &Value) -> Fate =
+        |a, r| if a == addr(0) && r["op"] == "complete_batch" { Fate::LoseReply } else { Fate::Deliver };
+    let mut results = Vec::new();
+    for regressions in
+        [PushRegressions::default(), PushRegressions { s17_abandon_before_settle: true, ..Default::default() }]
+    {
+        let mut w = World::new(&[POOL, POOL], regressions);
+        w.rule = Box::new(lose_rank0_complete);
+        push(&mut w, &["t1"], true);
+        w.step(); // peers
+        w.step(); // reserves
+        w.step(); // writes
+        let mut completes = w.collect().into_iter();
+        w.deliver(completes.next().unwrap()); // rank 0's completion fails
+        let early: Vec<String> = w
+            .collect()
+            .into_iter()
+            .map(|t| match t {
+                Transmit::Request { addr, frame, .. } => {
+                    let r: Value = serde_json::from_slice(&frame).unwrap();
+                    format!("{} {addr}", r["op"].as_str().unwrap())
+                }
+                Transmit::Write { .. } => "write".into(),
+            })
+            .collect();
+        results.push(early);
+    }
+    assert!(results[0].is_empty(), "fixed: nothing moves until every shard's completion settled");
+    assert_eq!(results[1], vec![format!("cancel {}", addr(0))], "historical: rank 0 abandoned mid-completion");
+}
