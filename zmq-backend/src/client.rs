@@ -8,6 +8,7 @@
 //! [`TopologyCache`].
 
 use crate::clock::Clock;
+use crate::curve::CurveClient;
 use crate::requests::{self, Completion, ReserveSpec};
 use crate::{lock, sockets};
 use ctlplane_core::ec::pyjson;
@@ -84,6 +85,7 @@ pub struct ControlClient {
     clock: Clock,
     conns: Mutex<Conns>,
     topologies: Mutex<TopologyCache>,
+    curve: Option<CurveClient>,
 }
 
 impl ControlClient {
@@ -97,7 +99,20 @@ impl ControlClient {
             clock: Clock::new(),
             conns: Mutex::new(Conns { closed: false, idle: HashMap::new() }),
             topologies: Mutex::new(TopologyCache::default()),
+            curve: None,
         }
+    }
+
+    /// The same client speaking CURVE to servers whose public key is `curve.server_key`
+    /// (its REQ sockets, and the PULL of an [`crate::EventInbox`] over it).
+    pub fn with_curve(mut self, curve: CurveClient) -> Self {
+        self.curve = Some(curve);
+        self
+    }
+
+    /// The CURVE settings, if any.
+    pub fn curve(&self) -> Option<&CurveClient> {
+        self.curve.as_ref()
     }
 
     /// Sends `payload` (as Python's `json.dumps` would write it) and returns the reply's
@@ -145,7 +160,7 @@ impl ControlClient {
         };
         let socket = match conn.socket.take() {
             Some(socket) if !begin.open => socket,
-            _ => match sockets::open_req(&self.context, addr, self.timeout_ms) {
+            _ => match sockets::open_req(&self.context, addr, self.timeout_ms, self.curve.as_ref()) {
                 Ok(socket) => socket,
                 Err(source) => {
                     conn.fail();

@@ -9,6 +9,7 @@
 //! [`Inbox`], [`decode_event`]); this type only moves requests, frames and outcomes.
 
 use crate::client::ControlClient;
+use crate::curve::CurveClient;
 use ctlplane_core::ec::inbox::{
     decode_event, DiscoveryStep, EndpointDiscovery, EventError, Inbox, InboxAction, ReadyEvent,
 };
@@ -200,7 +201,7 @@ impl EventInbox {
     }
 
     fn subscribe(&mut self, endpoints: Vec<String>) {
-        match open_pull(&endpoints) {
+        match open_pull(&endpoints, self.client.curve()) {
             Ok(socket) => {
                 tracing::info!(base = %self.base, shards = endpoints.len(), "subscribed to EC readiness events");
                 self.subscription = Some(Subscription { socket, endpoints });
@@ -250,11 +251,14 @@ fn discover(client: &ControlClient, base: &str) -> Outcome {
 
 /// A PULL socket (`IPV6=1` as the reference; linger 0 so closing never waits) connected
 /// to every endpoint. Its context lives as long as the socket does.
-fn open_pull(endpoints: &[String]) -> zmq::Result<zmq::Socket> {
+fn open_pull(endpoints: &[String], curve: Option<&CurveClient>) -> zmq::Result<zmq::Socket> {
     let context = zmq::Context::new();
     let socket = context.socket(zmq::PULL)?;
     socket.set_ipv6(true)?;
     socket.set_linger(0)?;
+    if let Some(curve) = curve {
+        curve.apply(&socket).map_err(crate::curve::as_zmq)?;
+    }
     for endpoint in endpoints {
         socket.connect(endpoint)?;
     }

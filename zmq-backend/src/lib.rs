@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod curve;
 pub mod inbox;
 pub mod p2p;
 mod rep_monitor;
@@ -19,6 +20,7 @@ mod sockets;
 
 pub use client::{ClientError, ControlClient};
 pub use clock::Clock;
+pub use curve::{CurveClient, CurveError, CurveServer, KeyPair};
 pub use inbox::{DrainCounts, Drained, EventInbox};
 pub use p2p::{P2pError, TransportOptions, ZmqTransport};
 pub use replica::ConsumerServers;

@@ -7,6 +7,7 @@
 //! `take` / `begin_shutdown` while it serves.
 
 use crate::clock::Clock;
+use crate::curve::{CurveError, CurveServer};
 use crate::serve_loop::{self, Bound};
 use crate::{lock, sockets};
 use ctlplane_core::ec::config::zmq_path;
@@ -30,6 +31,9 @@ pub struct ServerOptions {
     /// request frame is larger, before allocating it (the refusal is logged, see
     /// `rep_monitor`). `None` = unbounded, as the reference.
     pub max_request_bytes: Option<usize>,
+    /// CURVE on the REP and PUSH sockets: only clients that know the server's public key
+    /// get answers or events. `None` = NULL security, as the reference.
+    pub curve: Option<CurveServer>,
 }
 
 /// Default request frame bound: a `reserve_batch` of `DEFAULT_MAX_BATCH_ITEMS` (8192)
@@ -42,6 +46,7 @@ impl Default for ServerOptions {
             recv_timeout: Duration::from_millis(100),
             start_timeout: Duration::from_secs(5),
             max_request_bytes: Some(DEFAULT_MAX_REQUEST_BYTES),
+            curve: None,
         }
     }
 }
@@ -80,6 +85,8 @@ pub enum BindCause {
 pub enum SetupCause {
     #[error("cannot create or configure a socket")]
     Socket(#[source] zmq::Error),
+    #[error("cannot set up CURVE security")]
+    Curve(#[source] CurveError),
     #[error("cannot spawn the server thread")]
     Spawn(#[source] std::io::Error),
     #[error("the server thread ended before reporting")]
@@ -245,5 +252,10 @@ pub(crate) fn open_sockets(
     let rep = sockets::new_rep(ctx, options.recv_timeout, options.max_request_bytes)
         .map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
     let push = sockets::new_push(ctx).map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
+    if let Some(curve) = &options.curve {
+        for socket in [&rep, &push] {
+            curve.apply(socket).map_err(|e| StartError::Setup(SetupCause::Curve(e)))?;
+        }
+    }
     Ok((rep, push))
 }

@@ -1,5 +1,6 @@
 //! Socket construction with the options the reference sets, in the order it sets them.
 
+use crate::curve::{as_zmq, CurveClient};
 use std::time::Duration;
 
 /// The milliseconds of `d` as libzmq's `int` option, clamped rather than wrapped.
@@ -9,12 +10,20 @@ pub(crate) fn millis(d: Duration) -> i32 {
 
 /// A control client's REQ socket: `IPV6=1, RCVTIMEO, SNDTIMEO, LINGER=0` (the reference's
 /// tests assert this order), then connected to `addr`.
-pub(crate) fn open_req(ctx: &zmq::Context, addr: &str, timeout_ms: i32) -> zmq::Result<zmq::Socket> {
+pub(crate) fn open_req(
+    ctx: &zmq::Context,
+    addr: &str,
+    timeout_ms: i32,
+    curve: Option<&CurveClient>,
+) -> zmq::Result<zmq::Socket> {
     let socket = ctx.socket(zmq::REQ)?;
     socket.set_ipv6(true)?;
     socket.set_rcvtimeo(timeout_ms)?;
     socket.set_sndtimeo(timeout_ms)?;
     socket.set_linger(0)?;
+    if let Some(curve) = curve {
+        curve.apply(&socket).map_err(as_zmq)?;
+    }
     socket.connect(addr)?;
     Ok(socket)
 }

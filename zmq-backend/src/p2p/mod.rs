@@ -11,6 +11,7 @@ mod transport;
 
 pub use transport::{P2pError, ZmqTransport};
 
+use crate::curve::CurveClient;
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
 use ctlplane_core::p2p::T0Switches;
 use std::time::Duration;
@@ -32,6 +33,10 @@ pub struct TransportOptions {
     pub max_peers: Option<usize>,
     /// Historical behaviours, for regression runs on real sockets.
     pub t0: T0Switches,
+    /// CURVE: the ROUTER is a server with `keys`, every DEALER a client of peers whose
+    /// ROUTER public key is `server_key` (one key for the whole cluster). `None` = NULL
+    /// security, as the reference.
+    pub curve: Option<CurveClient>,
 }
 
 impl Default for TransportOptions {
@@ -43,6 +48,7 @@ impl Default for TransportOptions {
             max_message_bytes: None,
             max_peers: None,
             t0: T0Switches::default(),
+            curve: None,
         }
     }
 }

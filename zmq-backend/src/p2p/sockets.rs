@@ -3,6 +3,7 @@
 //! monitor frame they report disconnects in.
 
 use super::TransportOptions;
+use crate::curve::{as_zmq, CurveServer};
 use crate::sockets::millis;
 use ctlplane_core::p2p::MonitorEvent;
 
@@ -34,6 +35,9 @@ fn checked(endpoint: &str) -> zmq::Result<&str> {
 pub(crate) fn bind_router(ctx: &zmq::Context, endpoint: &str, options: &TransportOptions) -> zmq::Result<zmq::Socket> {
     let router = ctx.socket(zmq::ROUTER)?;
     apply_options(&router, options)?;
+    if let Some(curve) = &options.curve {
+        CurveServer { keys: curve.keys.clone() }.apply(&router).map_err(as_zmq)?;
+    }
     if let Err(e) = router.bind(checked(endpoint)?) {
         close_now(router);
         return Err(e);
@@ -83,6 +87,9 @@ impl Dealer {
         options: &TransportOptions,
     ) -> zmq::Result<zmq::Socket> {
         apply_options(dealer, options)?;
+        if let Some(curve) = &options.curve {
+            curve.apply(dealer).map_err(as_zmq)?;
+        }
         dealer.set_identity(identity.as_bytes())?;
         dealer.monitor(monitor, i32::from(EVENT_DISCONNECTED))?;
         let pair = ctx.socket(zmq::PAIR)?;

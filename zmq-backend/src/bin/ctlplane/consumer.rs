@@ -1,5 +1,6 @@
 //! `ctlplane consumer`: one control server per TP rank until SIGINT or SIGTERM.
 
+use crate::security::ServerCurve;
 use clap::Args;
 use ctlplane_core::ec::wire::DEFAULT_MAX_BATCH_ITEMS;
 use ctlplane_core::ec::PortPlan;
@@ -44,6 +45,8 @@ pub struct ConsumerArgs {
     /// "tombstones", "writer_owned"}`; `records` counts live reservations.
     #[arg(long, default_value_t = 0)]
     stats_interval_ms: u64,
+    #[command(flatten)]
+    curve: ServerCurve,
 }
 
 /// How often the main thread checks that every shard still serves.
@@ -57,6 +60,7 @@ pub fn run(args: ConsumerArgs) -> Result<ExitCode, Box<dyn Error>> {
     })?;
     let options = ServerOptions {
         max_request_bytes: (args.max_request_bytes > 0).then_some(args.max_request_bytes),
+        curve: args.curve.server()?,
         ..ServerOptions::default()
     };
     let max_batch_items = args.max_batch_items as usize;

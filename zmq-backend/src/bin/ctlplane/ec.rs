@@ -1,5 +1,6 @@
 //! `ctlplane ec ...`: one control request to a shard, or to every shard of a consumer.
 
+use crate::security::ClientCurve;
 use clap::{Args, Subcommand};
 use ctlplane_core::ec::DType;
 use ctlplane_zmq::requests::{self, ReserveSpec};
@@ -27,6 +28,8 @@ struct Target {
     /// Discover the consumer's shards from --addr and send to every one of them.
     #[arg(long)]
     all_shards: bool,
+    #[command(flatten)]
+    curve: ClientCurve,
 }
 
 #[derive(Subcommand)]
@@ -112,7 +115,7 @@ pub fn run(args: EcArgs) -> Result<ExitCode, Box<dyn Error>> {
             (target, requests::cancel(&transfer_id, &reservation_id, abandon, refresh))
         }
     };
-    let client = ControlClient::new(target.timeout_ms);
+    let client = target.curve.apply(ControlClient::new(target.timeout_ms))?;
     let code =
         if target.all_shards { fan_out(&client, &target.addr, &frame)? } else { one(&client, &target.addr, &frame)? };
     client.close();

@@ -5,6 +5,7 @@ mod ec;
 mod p2p;
 mod p2p_json;
 mod push;
+mod security;
 mod watch;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,9 @@ enum Command {
     Push(push::PushArgs),
     /// Run a P2P control-transport peer: an echo peer, or send one message.
     P2p(p2p::P2pArgs),
+    /// Write a fresh CURVE key pair to a file and print its public key.
+    #[cfg(feature = "curve")]
+    CurveKeygen(security::KeygenArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +45,8 @@ fn main() -> ExitCode {
         Command::Ec(args) => ec::run(args),
         Command::Push(args) => push::run(args),
         Command::P2p(args) => p2p::run(args),
+        #[cfg(feature = "curve")]
+        Command::CurveKeygen(args) => security::keygen(args),
     };
     match outcome {
         Ok(code) => code,

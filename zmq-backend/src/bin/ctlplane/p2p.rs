@@ -2,6 +2,7 @@
 //! for operators checking a link and for interop runs against Python peers.
 
 use crate::p2p_json;
+use crate::security::PeerCurve;
 use clap::{Args, Subcommand};
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
 use ctlplane_zmq::{TransportOptions, ZmqTransport};
@@ -31,15 +32,18 @@ struct Limits {
     /// its connection, a bigger outbound one is refused. 0 = unbounded (T1).
     #[arg(long, default_value_t = MAX_CONTROL_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    #[command(flatten)]
+    curve: PeerCurve,
 }
 
 impl Limits {
-    fn options(&self) -> TransportOptions {
-        TransportOptions {
+    fn options(&self) -> Result<TransportOptions, Box<dyn Error>> {
+        Ok(TransportOptions {
+            curve: self.curve.peer()?,
             max_peers: (self.max_peers > 0).then_some(self.max_peers),
             max_message_bytes: (self.max_message_bytes > 0).then_some(self.max_message_bytes),
             ..TransportOptions::default()
-        }
+        })
     }
 }
 
@@ -87,10 +91,10 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     match args.op {
-        Op::Echo { host, port, limits } => echo(&host, port, limits.options()),
+        Op::Echo { host, port, limits } => echo(&host, port, limits.options()?),
         Op::Send { local, to, json, bin_fields, timeout_ms, display, limits } => {
             let msg = p2p_json::parse(&json, &bin_fields)?;
-            send(&local, &to, &msg, Duration::from_millis(timeout_ms), display, limits.options())
+            send(&local, &to, &msg, Duration::from_millis(timeout_ms), display, limits.options()?)
         }
     }
 }

@@ -5,6 +5,7 @@
 //! to worker threads that own the [`ControlClient`] calls, performs its writes on a data
 //! plane that accepts them all, and feeds back replies and the clock.
 
+use crate::security::ClientCurve;
 use clap::Args;
 use ctlplane_core::ec::dataplane::{DataPlane, DataPlaneError};
 use ctlplane_core::ec::inbox::ReadyEvent;
@@ -70,6 +71,8 @@ pub struct PushArgs {
     /// long run, e.g. a soak that restarts the consumer under load.
     #[arg(long, default_value_t = 0)]
     batch_interval_ms: u64,
+    #[command(flatten)]
+    curve: ClientCurve,
 }
 
 fn parse_nbytes(s: &str) -> Result<u64, String> {
@@ -113,7 +116,7 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
     let nbytes = usize::try_from(args.nbytes)?;
     let mut source = vec![0u8; nbytes];
     OsRng.try_fill_bytes(&mut source).map_err(rng_error)?;
-    let client = Arc::new(ControlClient::new(args.timeout_ms));
+    let client = Arc::new(args.curve.apply(ControlClient::new(args.timeout_ms))?);
     let (done_tx, done_rx) = mpsc::channel();
     let workers = Workers::spawn(&client, args.concurrency as usize, done_tx)?;
     let inbox = (!args.no_events).then(|| EventInbox::new(client.clone(), &args.consumer));

@@ -1,5 +1,6 @@
 //! `ctlplane ec watch`: print a consumer's readiness events as they arrive.
 
+use crate::security::ClientCurve;
 use clap::Args;
 use ctlplane_zmq::{ControlClient, EventInbox};
 use std::error::Error;
@@ -20,6 +21,8 @@ pub struct WatchArgs {
     /// Exit after printing this many events.
     #[arg(long)]
     count: Option<u64>,
+    #[command(flatten)]
+    curve: ClientCurve,
 }
 
 /// Pause between drains that found nothing: the inbox never blocks, so this is the
@@ -38,7 +41,7 @@ pub fn run(args: WatchArgs) -> Result<ExitCode, Box<dyn Error>> {
         let stop = stop.clone();
         ctrlc::set_handler(move || stop.store(true, Ordering::Release))?;
     }
-    let client = Arc::new(ControlClient::new(args.timeout_ms));
+    let client = Arc::new(args.curve.apply(ControlClient::new(args.timeout_ms))?);
     let mut inbox = EventInbox::new(client.clone(), &args.addr);
     let limit = args.count.unwrap_or(u64::MAX);
     let mut printed = 0u64;
