@@ -42,6 +42,9 @@ const MAX_JUMP: Duration = Duration::from_secs(5);
 /// earliest, so periodic timers of many hosts (P2P manager ticks) share steps. A timer
 /// fires at most this late; every protocol timeout is seconds long.
 pub const COALESCE: Duration = Duration::from_millis(10);
+/// Timer slack once the P2P world has stopped: what remains are reaps (1 s), reconnect
+/// attempts to endpoints that are gone (100 ms) and the long EC deadlines (60 s, 300 s).
+pub const COALESCE_QUIET: Duration = Duration::from_millis(250);
 /// The P2P world is judged this long after the faults heal, then stopped, so the long EC
 /// quiet period (reservation TTLs) runs without its periodic ticks.
 pub const P2P_CHECK_AT: Duration = Duration::from_secs(20 + 45 + 5);
@@ -245,7 +248,9 @@ fn next_tick(sim: &turmoil::Sim<'_>, driver: &FaultDriver, healed: bool, p2p_liv
     if moved || connecting || pairs.iter().any(|&(a, b)| !driver.is_partitioned(a, b)) {
         return FINE_TICK;
     }
-    let mut next = clock::coalesced_deadline(COALESCE).map(Duration::from_nanos).unwrap_or(END);
+    let mut next = clock::coalesced_deadline(if p2p_live { COALESCE } else { COALESCE_QUIET })
+        .map(Duration::from_nanos)
+        .unwrap_or(END);
     if !healed {
         next = next.min(ACTIVE);
         if let Some(due) = driver.next_due() {

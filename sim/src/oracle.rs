@@ -64,7 +64,7 @@ pub fn take() -> Vec<Violation> {
 
 /// Late beyond a REP's due answer time before `rep-answers` fires (the host runs in the
 /// step that reaches its deadline; the timer may round up to the next millisecond).
-pub const REP_SLACK: Duration = Duration::from_millis(5).saturating_add(crate::engine::COALESCE);
+pub const REP_SLACK: Duration = Duration::from_millis(5).saturating_add(crate::engine::COALESCE_QUIET);
 /// Slack on top of `push_wait_timeout` for a request to resolve.
 pub const RESOLVE_SLACK: Duration = Duration::from_secs(5);
 
