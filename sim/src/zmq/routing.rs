@@ -142,9 +142,7 @@ impl SocketState {
     fn req_prune(&mut self) {
         let ids: Vec<u64> = self.pipes.keys().copied().collect();
         for id in ids {
-            loop {
-                let Some(pipe) = self.pipes.get(&id) else { break };
-                let Some(front) = pipe.inbox.front() else { break };
+            while let Some(front) = self.pipes.get(&id).and_then(|p| p.inbox.front()) {
                 let from_reply_pipe = self.req.reply_pipe == Some(id);
                 if from_reply_pipe && front.first().is_some_and(Vec::is_empty) {
                     break;
