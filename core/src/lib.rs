@@ -7,6 +7,7 @@
 
 pub mod ec;
 pub mod p2p;
+pub mod regressions;
 pub mod time;
 
 pub use time::Instant;

@@ -12,6 +12,10 @@ use ctlplane_core::ec::reservations::{BookRegressions, ReserveRequest, Reserved,
 use ctlplane_core::ec::shard::{reply_result, Halt, ShardRegressions};
 use ctlplane_core::ec::topology::TopologyCache;
 use ctlplane_core::ec::{BookConfig, ConsumerShard, DType, ReservationBook, ShardConfig, State};
+use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
+use ctlplane_core::p2p::value::{encode, Value as MsgValue};
+use ctlplane_core::p2p::{ConnectionRegistry, PollInput, RegistryConfig};
+use ctlplane_core::regressions::{self, Regressions, RACES};
 use ctlplane_core::Instant;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -582,4 +586,75 @@ fn ec_s17_abandons_go_out_while_another_shard_still_completes() {
     }
     assert!(results[0].is_empty(), "fixed: nothing moves until every shard's completion settled");
     assert_eq!(results[1], vec![format!("cancel {}", addr(0))], "historical: rank 0 abandoned mid-completion");
+}
+
+// ---------------------------------------------------------------------------------------
+// P2P S6: the manager's admission of a replacement
+
+#[test]
+fn p2p_s6_a_replacement_for_a_dead_unreaped_session_is_refused_only_with_the_switch() {
+    let peer = "10.0.0.2:5710";
+    let mut results = Vec::new();
+    for regressions in [ManagerRegressions::default(), ManagerRegressions { s6_accept_before_reap: true }] {
+        let mut r = ConnectionRegistry::new(RegistryConfig::new("10.0.0.1:5710"));
+        r.connect(peer).unwrap();
+        // The session died between ticks (a send failure): its connection is marked dead
+        // and the session still sits in the manager's map.
+        r.mark_dead(peer);
+        let connect = vec![peer.as_bytes().to_vec(), encode(&MsgValue::map([("type", MsgValue::from("connect"))]))];
+        let accepted = r.poll(PollInput { router: vec![connect], monitor: vec![] });
+        assert_eq!(accepted, vec![peer.to_string()], "the transport accepts the replacement");
+        let admission = admit(Existing::Dead, &regressions);
+        let first = match admission {
+            Admission::ReplaceDead | Admission::Open => r.recv(peer),
+            Admission::RefuseDuplicate => {
+                r.close(peer);
+                r.poll(PollInput::default());
+                Vec::new()
+            }
+        };
+        results.push((admission, first.len(), r.stats().messages_lost_in_sweep, r.is_registered(peer)));
+    }
+    assert_eq!(results[0], (Admission::ReplaceDead, 1, 0, true), "fixed: the new session gets the Connect");
+    assert_eq!(results[1], (Admission::RefuseDuplicate, 0, 1, false), "historical: the Connect goes with it");
+}
+
+// ---------------------------------------------------------------------------------------
+// The catalogue and its documentation
+
+const ORACLES: &[&str] = &[
+    "write-owned",
+    "no-overlap",
+    "accept-before-ready",
+    "rep-answers",
+    "request-resolves",
+    "reservation-released",
+    "backlog-bounded",
+    "dealer-closed-once",
+    "monitor-closed-once",
+    "p2p-message-lost",
+    "p2p-handshake-liveness",
+];
+
+#[test]
+fn every_race_is_documented_with_its_switches_and_oracles() {
+    let docs = include_str!("../../docs/races.md");
+    let mut names: Vec<&str> = RACES.iter().map(|r| r.scenario).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), RACES.len(), "scenario names are unique");
+    for race in RACES {
+        let heading = format!("### {} ", race.scenario);
+        assert!(docs.contains(&heading), "docs/races.md lacks {heading:?}");
+        let replay = format!("ctlsim replay --scenario {} --seed <N>", race.scenario);
+        assert!(docs.contains(&replay), "docs/races.md lacks {replay:?}");
+        assert_eq!(race.switches.is_none(), race.regressions().is_fixed(), "{}", race.scenario);
+        assert!(!race.oracles.is_empty(), "{}", race.scenario);
+        for oracle in race.oracles {
+            assert!(ORACLES.contains(oracle), "{}: unknown oracle {oracle}", race.scenario);
+        }
+        assert_eq!(regressions::race(race.scenario).map(|r| r.scenario), Some(race.scenario));
+    }
+    assert!(regressions::race("ec-s99").is_none());
+    assert!(Regressions::default().is_fixed());
 }

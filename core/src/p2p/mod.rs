@@ -2,8 +2,10 @@
 //!
 //! [`value`] is the msgpack model Python's msgspec peers read back with the same types,
 //! [`messages`] the W1 session messages, [`registry`] the transport's connection map and
-//! poll ordering, [`session`] the W1 handshake over one connection.
+//! poll ordering, [`session`] the W1 handshake over one connection, [`manager`] the
+//! admission of a newly accepted peer.
 
+pub mod manager;
 pub mod messages;
 pub mod registry;
 pub mod session;
