@@ -592,3 +592,88 @@ fn same_scenario_gives_the_same_trace() {
     assert!(ctlplane_sim::trace::count() > 40);
     assert_eq!(a, run());
 }
+
+/// Runs `sim` the way the engine does: a 1 ms tick while bytes are on the wire, a connect
+/// is in progress or something just happened, otherwise a jump to the next registered
+/// deadline. Returns the number of steps.
+fn run_idle_skipping(sim: &mut Sim) -> u64 {
+    clock::reset();
+    let mut steps = 0;
+    loop {
+        let activity = clock::activity();
+        steps += 1;
+        if sim.step().unwrap() {
+            return steps;
+        }
+        let (pairs, connecting) = clock::in_flight_pairs();
+        let tick = if connecting || !pairs.is_empty() || clock::activity() != activity {
+            ms(1)
+        } else {
+            let now = sim.elapsed().as_nanos() as u64;
+            let next = clock::next_deadline().unwrap_or(now + 1_000_000_000);
+            Duration::from_nanos(next.saturating_sub(now)).max(ms(1))
+        };
+        sim.set_tick_duration(Duration::from_millis(tick.as_nanos().div_ceil(1_000_000) as u64));
+    }
+}
+
+/// A heartbeating DEALER/ROUTER pair idle for a minute around slow replies; returns what
+/// the client observed (reply times in ms, connection count, monitor events).
+fn idle_minute(skip: bool) -> (Vec<(String, u64)>, usize, Vec<u16>, u64) {
+    let mut sim = sim();
+    let hb = || SocketOptions {
+        heartbeat_ivl: Some(Duration::from_secs(2)),
+        heartbeat_timeout: Some(Duration::from_secs(10)),
+        heartbeat_ttl: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    sim.host("server", move || async move {
+        let ctx = Context::new("server");
+        let router = Socket::new(&ctx, SocketType::Router, hb());
+        router.bind("tcp://0.0.0.0:5710").await?;
+        loop {
+            let m = router.recv().await?;
+            clock::sleep(Duration::from_secs(5)).await;
+            router.send(m).await?;
+        }
+    });
+    let seen: Rc<RefCell<(Vec<(String, u64)>, usize, Vec<u16>)>> = Rc::default();
+    let out = seen.clone();
+    sim.client("client", async move {
+        let ctx = Context::new("client");
+        let dealer = Socket::new(&ctx, SocketType::Dealer, hb());
+        let events = watch(&ctx, &dealer, "mon", monitor::ALL).await;
+        dealer.connect("tcp://server:5710")?;
+        for i in 0..3 {
+            dealer.send(msg(&[&i.to_string()])).await?;
+            let m = recv_within(&dealer, Duration::from_secs(30)).await.expect("reply");
+            seen.borrow_mut().0.push((text(&m)[0].clone(), clock::now().as_nanos() / 1_000_000));
+            clock::sleep(Duration::from_secs(20)).await;
+        }
+        let kinds = events.borrow().iter().map(|e| e.0).collect();
+        let mut s = seen.borrow_mut();
+        s.1 = dealer.peer_count();
+        s.2 = kinds;
+        Ok(())
+    });
+    let steps = if skip {
+        run_idle_skipping(&mut sim)
+    } else {
+        sim.run().unwrap();
+        0
+    };
+    let s = out.borrow().clone();
+    (s.0, s.1, s.2, steps)
+}
+
+#[test]
+fn idle_skipping_changes_nothing_observable() {
+    let (fine_replies, fine_peers, fine_events, _) = idle_minute(false);
+    let (replies, peers, events, steps) = idle_minute(true);
+    assert_eq!(fine_replies.len(), 3);
+    assert_eq!(fine_peers, 1, "heartbeats kept the idle connection up");
+    assert!(!fine_events.contains(&monitor::DISCONNECTED), "{fine_events:?}");
+    assert_eq!((replies, peers, events), (fine_replies, fine_peers, fine_events));
+    // 75 s of simulated time: a fixed 1 ms tick takes 75,000 steps.
+    assert!(steps < 5_000, "{steps} steps");
+}
