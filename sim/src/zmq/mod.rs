@@ -7,6 +7,21 @@
 //! heartbeats and monitor events. The wire is not ZMTP but a small framing of its own
 //! (see [`wire`]); each socket runs its listener and connections as local tasks of the
 //! host, so a crashed host drops its streams as a real process would.
+//!
+//! `tests/zmq_differential.rs` runs scripted scenarios on both this model and libzmq and
+//! requires the same observations. Where the model knowingly differs from libzmq:
+//!
+//! - Reconnects happen every `reconnect_ivl` exactly (libzmq adds up to one interval of
+//!   random jitter); the handshake interval is fixed at 30 s.
+//! - A ROUTER keeps a refused duplicate identity's connection muted for its whole life
+//!   (libzmq may later take one of its messages as an identity once the old pipe is gone).
+//! - A second `connect` to the same TCP endpoint is EINVAL (libzmq opens another pipe).
+//! - High-water marks count the messages queued in a pipe; turmoil's per-stream segment
+//!   credit stands in for the kernel's socket buffers behind them.
+//! - An inproc `connect` before the `bind` is ECONNREFUSED; inproc pipes emit no monitor
+//!   events.
+//! - While a connection's inbox is at RCVHWM it reads nothing, so the bytes behind stay
+//!   "in flight" for the engine's clock, which then steps finely until the reader drains.
 
 mod connection;
 mod context;
