@@ -67,6 +67,13 @@ impl ReservationId {
     pub fn parse(s: &str) -> Option<Self> {
         parse_hex32(s).map(ReservationId)
     }
+
+    /// The wire form (32 lowercase hex digits) as bytes, for writers that skip `fmt`.
+    pub fn to_hex(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        hex_into(&mut out, &self.0);
+        out
+    }
 }
 
 impl fmt::Display for ReservationId {
@@ -183,14 +190,19 @@ fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
 /// Lowercase hex of `bytes` in one `write_str` (formatting byte by byte through
 /// `fmt` costs several times more, and ids are written on every reply).
 fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut buf = [0u8; 64];
     let n = bytes.len().min(32);
-    for (i, b) in bytes[..n].iter().enumerate() {
-        buf[2 * i] = HEX[usize::from(b >> 4)];
-        buf[2 * i + 1] = HEX[usize::from(b & 0x0f)];
-    }
+    hex_into(&mut buf[..2 * n], &bytes[..n]);
     f.write_str(std::str::from_utf8(&buf[..2 * n]).map_err(|_| fmt::Error)?)
+}
+
+/// Lowercase hex of `bytes` into `out` (twice as long).
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0x0f)];
+    }
 }
 
 #[cfg(test)]

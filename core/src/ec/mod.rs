@@ -7,6 +7,7 @@
 pub mod config;
 pub mod dataplane;
 pub mod dtype;
+pub mod dumps;
 pub mod ids;
 pub mod inbox;
 pub mod producer;
@@ -16,6 +17,7 @@ pub mod request_slot;
 pub mod requests;
 pub mod reservations;
 pub mod resident;
+pub mod scan;
 pub mod shapes;
 pub mod shard;
 pub mod slab;

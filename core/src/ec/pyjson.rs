@@ -12,7 +12,19 @@ use std::io;
 
 /// Serialises `value` the way Python's `json.dumps(value)` does with default arguments:
 /// `", "` and `": "` separators and `ensure_ascii` escapes.
+///
+/// Written by the one-pass writer of [`super::dumps`]; a value it leaves alone (floats,
+/// unusual map keys) is written by [`dumps_general`], which gives the same bytes.
 pub fn dumps<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    match super::dumps::write(&mut out, value) {
+        Ok(()) => out,
+        Err(_) => dumps_general(value),
+    }
+}
+
+/// [`dumps`] through `serde_json` and [`PythonFormatter`] alone.
+pub fn dumps_general<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
     let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
     // Serialising owned, string-keyed data into a Vec cannot fail.

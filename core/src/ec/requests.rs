@@ -6,8 +6,8 @@
 //! item); what to do about an entry is the caller's business.
 
 use super::dtype::DType;
+use super::dumps;
 use super::pyjson::{self, truthy};
-use serde::Serialize;
 use serde_json::Value;
 
 /// One tensor to reserve room for on a consumer.
@@ -25,107 +25,126 @@ impl ReserveSpec {
         self.shape.iter().try_fold(self.dtype.itemsize(), |acc, &d| acc.checked_mul(d))
     }
 
-    fn item(&self) -> Option<ReserveItem<'_>> {
-        Some(ReserveItem {
-            transfer_id: &self.transfer_id,
-            mm_hash: &self.mm_hash,
-            nbytes: self.nbytes()?,
-            shape: &self.shape,
-            dtype: self.dtype.name(),
-        })
+    /// `"transfer_id": .., "mm_hash": .., "nbytes": .., "shape": [..], "dtype": ..`.
+    fn write_fields(&self, out: &mut Vec<u8>) -> Option<()> {
+        let nbytes = self.nbytes()?;
+        out.extend_from_slice(b"\"transfer_id\": ");
+        dumps::write_str(out, &self.transfer_id);
+        out.extend_from_slice(b", \"mm_hash\": ");
+        dumps::write_str(out, &self.mm_hash);
+        out.extend_from_slice(b", \"nbytes\": ");
+        dumps::write_u64(out, nbytes);
+        out.extend_from_slice(b", \"shape\": [");
+        for (i, d) in self.shape.iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(b", ");
+            }
+            dumps::write_u64(out, *d);
+        }
+        out.extend_from_slice(b"], \"dtype\": ");
+        dumps::write_str(out, self.dtype.name());
+        Some(())
     }
 }
 
-#[derive(Serialize)]
-struct ReserveItem<'a> {
-    transfer_id: &'a str,
-    mm_hash: &'a str,
-    nbytes: u64,
-    shape: &'a [u64],
-    dtype: &'static str,
+/// `{"op": "<op>"` of every frame.
+fn begin(op: &str, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
+    out.extend_from_slice(b"{\"op\": ");
+    dumps::write_str(&mut out, op);
+    out
 }
 
-#[derive(Serialize)]
-struct Op<'a, T: Serialize> {
-    op: &'a str,
-    #[serde(flatten)]
-    body: T,
-}
-
-#[derive(Serialize)]
-struct NoBody {}
-
-#[derive(Serialize)]
-struct TransferIdBody<'a> {
-    transfer_id: &'a str,
-}
-
-#[derive(Serialize)]
-struct CompleteBody<'a> {
-    transfer_id: &'a str,
-    reservation_id: &'a str,
-}
-
-#[derive(Serialize)]
-struct ItemsBody<T> {
-    items: Vec<T>,
-}
-
-#[derive(Serialize)]
-struct CancelBody<'a> {
-    transfer_id: &'a str,
-    reservation_id: &'a str,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    abandon: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    refresh: bool,
-}
-
-fn frame<T: Serialize>(op: &str, body: T) -> Vec<u8> {
-    pyjson::dumps(&Op { op, body })
+/// `"transfer_id": .., "reservation_id": ..`.
+fn write_complete(out: &mut Vec<u8>, transfer_id: &str, reservation_id: &str) {
+    out.extend_from_slice(b"\"transfer_id\": ");
+    dumps::write_str(out, transfer_id);
+    out.extend_from_slice(b", \"reservation_id\": ");
+    dumps::write_str(out, reservation_id);
 }
 
 /// `{"op": "peers"}`.
 pub fn peers() -> Vec<u8> {
-    frame("peers", NoBody {})
+    let mut out = begin("peers", 16);
+    out.push(b'}');
+    out
 }
 
 /// `{"op": "event_port"}`.
 pub fn event_port() -> Vec<u8> {
-    frame("event_port", NoBody {})
+    let mut out = begin("event_port", 24);
+    out.push(b'}');
+    out
 }
 
 /// `{"op": "status", "transfer_id": ...}`.
 pub fn status(transfer_id: &str) -> Vec<u8> {
-    frame("status", TransferIdBody { transfer_id })
+    let mut out = begin("status", 40 + transfer_id.len());
+    out.extend_from_slice(b", \"transfer_id\": ");
+    dumps::write_str(&mut out, transfer_id);
+    out.push(b'}');
+    out
 }
 
 /// `{"op": "reserve", ...spec}`; `None` if the spec's size overflows.
 pub fn reserve(spec: &ReserveSpec) -> Option<Vec<u8>> {
-    Some(frame("reserve", spec.item()?))
+    let mut out = begin("reserve", 128 + spec.transfer_id.len() + spec.mm_hash.len());
+    out.extend_from_slice(b", ");
+    spec.write_fields(&mut out)?;
+    out.push(b'}');
+    Some(out)
 }
 
 /// `{"op": "reserve_batch", "items": [...]}`; `None` if a spec's size overflows.
 pub fn reserve_batch(specs: &[ReserveSpec]) -> Option<Vec<u8>> {
-    let items = specs.iter().map(ReserveSpec::item).collect::<Option<Vec<_>>>()?;
-    Some(frame("reserve_batch", ItemsBody { items }))
+    let mut out = begin("reserve_batch", 40 + 200 * specs.len());
+    out.extend_from_slice(b", \"items\": [");
+    for (i, spec) in specs.iter().enumerate() {
+        out.extend_from_slice(if i > 0 { b", {" } else { b"{" });
+        spec.write_fields(&mut out)?;
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    Some(out)
 }
 
 /// `{"op": "complete", "transfer_id": ..., "reservation_id": ...}`.
 pub fn complete(transfer_id: &str, reservation_id: &str) -> Vec<u8> {
-    frame("complete", CompleteBody { transfer_id, reservation_id })
+    let mut out = begin("complete", 64 + transfer_id.len() + reservation_id.len());
+    out.extend_from_slice(b", ");
+    write_complete(&mut out, transfer_id, reservation_id);
+    out.push(b'}');
+    out
 }
 
 /// `{"op": "complete_batch", "items": [{"transfer_id", "reservation_id"}, ...]}`.
 pub fn complete_batch<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<u8> {
-    let items = items.into_iter().map(|(transfer_id, reservation_id)| CompleteBody { transfer_id, reservation_id });
-    frame("complete_batch", ItemsBody { items: items.collect() })
+    let items = items.into_iter();
+    let mut out = begin("complete_batch", 40 + 110 * items.size_hint().0);
+    out.extend_from_slice(b", \"items\": [");
+    for (i, (transfer_id, reservation_id)) in items.enumerate() {
+        out.extend_from_slice(if i > 0 { b", {" } else { b"{" });
+        write_complete(&mut out, transfer_id, reservation_id);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    out
 }
 
 /// `{"op": "cancel", "transfer_id", "reservation_id"[, "abandon": true][, "refresh": true]}`:
 /// the reference helper always sends `reservation_id` and a flag only when it is set.
 pub fn cancel(transfer_id: &str, reservation_id: &str, abandon: bool, refresh: bool) -> Vec<u8> {
-    frame("cancel", CancelBody { transfer_id, reservation_id, abandon, refresh })
+    let mut out = begin("cancel", 100 + transfer_id.len() + reservation_id.len());
+    out.extend_from_slice(b", ");
+    write_complete(&mut out, transfer_id, reservation_id);
+    if abandon {
+        out.extend_from_slice(b", \"abandon\": true");
+    }
+    if refresh {
+        out.extend_from_slice(b", \"refresh\": true");
+    }
+    out.push(b'}');
+    out
 }
 
 /// One entry of a `complete_batch` result.
@@ -186,7 +205,143 @@ pub fn parse_cancel(result: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
+
+    /// The frames through serde and `pyjson::dumps_general`, to hold the writers above to.
+    mod general {
+        use super::super::{DType, ReserveSpec};
+        use crate::ec::pyjson;
+        use serde::Serialize;
+
+        #[derive(Serialize)]
+        struct ReserveItem<'a> {
+            transfer_id: &'a str,
+            mm_hash: &'a str,
+            nbytes: u64,
+            shape: &'a [u64],
+            dtype: &'static str,
+        }
+
+        fn item(spec: &ReserveSpec) -> Option<ReserveItem<'_>> {
+            Some(ReserveItem {
+                transfer_id: &spec.transfer_id,
+                mm_hash: &spec.mm_hash,
+                nbytes: spec.nbytes()?,
+                shape: &spec.shape,
+                dtype: DType::name(spec.dtype),
+            })
+        }
+
+        #[derive(Serialize)]
+        struct Op<'a, T: Serialize> {
+            op: &'a str,
+            #[serde(flatten)]
+            body: T,
+        }
+
+        #[derive(Serialize)]
+        struct NoBody {}
+
+        #[derive(Serialize)]
+        struct TransferIdBody<'a> {
+            transfer_id: &'a str,
+        }
+
+        #[derive(Serialize)]
+        struct CompleteBody<'a> {
+            transfer_id: &'a str,
+            reservation_id: &'a str,
+        }
+
+        #[derive(Serialize)]
+        struct ItemsBody<T> {
+            items: Vec<T>,
+        }
+
+        #[derive(Serialize)]
+        struct CancelBody<'a> {
+            transfer_id: &'a str,
+            reservation_id: &'a str,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            abandon: bool,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            refresh: bool,
+        }
+
+        fn frame<T: Serialize>(op: &str, body: T) -> Vec<u8> {
+            pyjson::dumps_general(&Op { op, body })
+        }
+
+        pub fn peers() -> Vec<u8> {
+            frame("peers", NoBody {})
+        }
+        pub fn event_port() -> Vec<u8> {
+            frame("event_port", NoBody {})
+        }
+        pub fn status(transfer_id: &str) -> Vec<u8> {
+            frame("status", TransferIdBody { transfer_id })
+        }
+        pub fn reserve(spec: &ReserveSpec) -> Option<Vec<u8>> {
+            Some(frame("reserve", item(spec)?))
+        }
+        pub fn reserve_batch(specs: &[ReserveSpec]) -> Option<Vec<u8>> {
+            let items = specs.iter().map(item).collect::<Option<Vec<_>>>()?;
+            Some(frame("reserve_batch", ItemsBody { items }))
+        }
+        pub fn complete(transfer_id: &str, reservation_id: &str) -> Vec<u8> {
+            frame("complete", CompleteBody { transfer_id, reservation_id })
+        }
+        pub fn complete_batch(items: &[(String, String)]) -> Vec<u8> {
+            let items = items.iter().map(|(t, r)| CompleteBody { transfer_id: t, reservation_id: r }).collect();
+            frame("complete_batch", ItemsBody { items })
+        }
+        pub fn cancel(transfer_id: &str, reservation_id: &str, abandon: bool, refresh: bool) -> Vec<u8> {
+            frame("cancel", CancelBody { transfer_id, reservation_id, abandon, refresh })
+        }
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof!["[0-9a-f]{32}", "[ -~]{0,8}", ".{0,4}", "[\\x00-\\x1f\\x7f]{1,2}"]
+    }
+
+    fn spec_strategy() -> impl Strategy<Value = ReserveSpec> {
+        (
+            text(),
+            text(),
+            proptest::collection::vec(prop_oneof![0u64..5000, Just(u64::MAX)], 0..4),
+            proptest::sample::select(DType::ALL),
+        )
+            .prop_map(|(transfer_id, mm_hash, shape, dtype)| ReserveSpec {
+                transfer_id,
+                mm_hash,
+                shape,
+                dtype,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn frames_are_the_general_writers_bytes(
+            specs in proptest::collection::vec(spec_strategy(), 0..4),
+            ids in proptest::collection::vec((text(), text()), 0..4),
+            abandon in any::<bool>(),
+            refresh in any::<bool>(),
+        ) {
+            for spec in &specs {
+                prop_assert_eq!(reserve(spec), general::reserve(spec));
+                prop_assert_eq!(status(&spec.transfer_id), general::status(&spec.transfer_id));
+            }
+            prop_assert_eq!(reserve_batch(&specs), general::reserve_batch(&specs));
+            prop_assert_eq!(complete_batch(ids.iter().map(|(t, r)| (t.as_str(), r.as_str()))), general::complete_batch(&ids));
+            for (t, r) in &ids {
+                prop_assert_eq!(complete(t, r), general::complete(t, r));
+                prop_assert_eq!(cancel(t, r, abandon, refresh), general::cancel(t, r, abandon, refresh));
+            }
+            prop_assert_eq!(peers(), general::peers());
+            prop_assert_eq!(event_port(), general::event_port());
+        }
+    }
 
     fn spec(t: &str) -> ReserveSpec {
         ReserveSpec { transfer_id: t.into(), mm_hash: "h".into(), shape: vec![64, 128], dtype: DType::Float16 }

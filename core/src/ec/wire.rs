@@ -6,8 +6,10 @@
 //! Python's `json.dumps` writes them, so a Python peer cannot tell the difference.
 
 use super::dtype::DType;
+use super::dumps;
 use super::pyjson::{self, repr, str_repr, to_int, to_str, truthy, type_name};
 use super::reservations::{ReserveRequest, Status};
+use super::scan::{self, Scan};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use thiserror::Error;
@@ -112,7 +114,120 @@ impl Request {
 }
 
 /// Decodes one request frame.
+///
+/// Frames laid out as the Rust and Python clients write them (`json.dumps` of the ops in
+/// their helpers' key order) are read by [`decode_request_fast`]; everything else, and
+/// every frame that would be refused, takes [`decode_request_general`].
 pub fn decode_request(frame: &[u8], max_batch_items: usize) -> Result<Request, WireError> {
+    match decode_request_fast(frame, max_batch_items) {
+        Some(request) => Ok(request),
+        None => decode_request_general(frame, max_batch_items),
+    }
+}
+
+/// The request of a frame in the clients' exact layout whose every item is valid, or
+/// `None`. Whatever it returns, [`decode_request_general`] returns too: it reads only
+/// printable-ASCII JSON without escapes or repeated keys, and leaves every refusal (and
+/// every coercion) to the general path.
+pub fn decode_request_fast(frame: &[u8], max_batch_items: usize) -> Option<Request> {
+    let mut s = Scan::new(frame);
+    s.lit(b"{\"op\": ")?;
+    let request = match s.str()? {
+        "reserve" => {
+            s.lit(b", ")?;
+            Request::Reserve(Ok(scan_reserve(&mut s)?))
+        }
+        "complete" => {
+            s.lit(b", ")?;
+            Request::Complete(Ok(scan_complete(&mut s)?))
+        }
+        "reserve_batch" => {
+            s.lit(b", \"items\": ")?;
+            let items = s.list(|s| {
+                s.lit(b"{")?;
+                scan_reserve(s).map(Ok)
+            })?;
+            s.lit(b"}")?;
+            (items.len() <= max_batch_items).then_some(Request::ReserveBatch(items))?
+        }
+        "complete_batch" => {
+            s.lit(b", \"items\": ")?;
+            let items = s.list(|s| {
+                s.lit(b"{")?;
+                scan_complete(s).map(Ok)
+            })?;
+            s.lit(b"}")?;
+            (items.len() <= max_batch_items).then_some(Request::CompleteBatch(items))?
+        }
+        "status" => {
+            s.lit(b", \"transfer_id\": ")?;
+            let transfer_id = s.str()?.to_owned();
+            s.lit(b"}")?;
+            Request::Status { transfer_id }
+        }
+        "cancel" => {
+            s.lit(b", \"transfer_id\": ")?;
+            let transfer_id = s.str()?.to_owned();
+            s.lit(b", \"reservation_id\": ")?;
+            let reservation_id = s.str()?.to_owned();
+            let abandon = if s.eat(b", \"abandon\": ") { s.bool()? } else { false };
+            let refresh = if s.eat(b", \"refresh\": ") { s.bool()? } else { false };
+            s.lit(b"}")?;
+            Request::Cancel { transfer_id, reservation_id, abandon, refresh }
+        }
+        "peers" => {
+            s.lit(b"}")?;
+            Request::Peers
+        }
+        "event_port" => {
+            s.lit(b"}")?;
+            Request::EventPort
+        }
+        _ => return None,
+    };
+    s.end()?;
+    Some(request)
+}
+
+/// `"transfer_id": .., "mm_hash": .., "nbytes": .., "shape": [..], "dtype": ..}` of a
+/// valid reserve payload (the caller has read the opening brace, or the op and its
+/// separator).
+fn scan_reserve(s: &mut Scan<'_>) -> Option<ReserveRequest> {
+    s.lit(b"\"transfer_id\": ")?;
+    let transfer_id = s.str()?;
+    s.lit(b", \"mm_hash\": ")?;
+    let mm_hash = s.str()?;
+    s.lit(b", \"nbytes\": ")?;
+    let nbytes = s.uint()?;
+    s.lit(b", \"shape\": ")?;
+    let shape = s.list(Scan::uint)?;
+    s.lit(b", \"dtype\": ")?;
+    let dtype = DType::from_name(s.str()?)?;
+    s.lit(b"}")?;
+    let expected = shape.iter().try_fold(dtype.itemsize(), |acc, &d| acc.checked_mul(d));
+    (expected == Some(nbytes)).then(|| ReserveRequest {
+        transfer_id: transfer_id.to_owned(),
+        mm_hash: mm_hash.to_owned(),
+        nbytes,
+        shape,
+        dtype,
+    })
+}
+
+/// `"transfer_id": .., "reservation_id": ..}` (after the opening brace, or the op and
+/// its separator).
+fn scan_complete(s: &mut Scan<'_>) -> Option<CompleteItem> {
+    s.lit(b"\"transfer_id\": ")?;
+    let transfer_id = s.str()?;
+    s.lit(b", \"reservation_id\": ")?;
+    let reservation_id = s.str()?;
+    s.lit(b"}")?;
+    Some(CompleteItem { transfer_id: transfer_id.to_owned(), reservation_id: reservation_id.to_owned() })
+}
+
+/// Decodes one request frame through a `serde_json::Value`, with every coercion and
+/// refusal of the reference.
+pub fn decode_request_general(frame: &[u8], max_batch_items: usize) -> Result<Request, WireError> {
     let value = parse_json(frame)?;
     let Value::Object(obj) = value else {
         return Err(WireError::NotAnObject(type_name(&value)));
@@ -146,7 +261,18 @@ pub fn decode_request(frame: &[u8], max_batch_items: usize) -> Result<Request, W
 }
 
 /// `json.loads` of a UTF-8 frame, lone surrogates included.
+///
+/// Frames in the `json.dumps` layout are read by [`scan::value`], which gives the same
+/// value; the rest go through `serde_json`.
 pub fn parse_json(frame: &[u8]) -> Result<Value, WireError> {
+    if let Some(value) = scan::value(frame) {
+        return Ok(value);
+    }
+    parse_json_general(frame)
+}
+
+/// [`parse_json`] through `serde_json` alone.
+pub fn parse_json_general(frame: &[u8]) -> Result<Value, WireError> {
     let text = std::str::from_utf8(frame).map_err(|_| WireError::Malformed)?;
     match serde_json::from_str(text) {
         Ok(v) => Ok(v),
@@ -337,10 +463,41 @@ pub struct ReadyEvent<'a> {
     pub shard: u16,
 }
 
-/// Encodes the readiness event of `transfer_id` from its status.
+/// Encodes the readiness event of `transfer_id` from its status, as `json.dumps` of
+/// [`ReadyEvent`] writes it (see [`encode_event_general`]), without the intermediate copies.
 pub fn encode_event(transfer_id: &str, status: &Status, shard: u16) -> Vec<u8> {
+    let mut out = Vec::with_capacity(192 + transfer_id.len() + status.mm_hash.len());
+    out.extend_from_slice(b"{\"transfer_id\": ");
+    dumps::write_str(&mut out, transfer_id);
+    out.extend_from_slice(b", \"mm_hash\": ");
+    dumps::write_str(&mut out, &status.mm_hash);
+    out.extend_from_slice(if status.ready { b", \"ready\": true" } else { b", \"ready\": false" });
+    out.extend_from_slice(b", \"reservation_id\": \"");
+    if let Some(id) = status.reservation_id {
+        out.extend_from_slice(&id.to_hex());
+    }
+    out.extend_from_slice(b"\", \"nbytes\": ");
+    dumps::write_u64(&mut out, status.nbytes);
+    out.extend_from_slice(b", \"shape\": [");
+    for (i, d) in status.shape.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        dumps::write_u64(&mut out, *d);
+    }
+    out.extend_from_slice(b"], \"dtype\": \"");
+    // Canonical dtype names are plain ASCII identifiers.
+    out.extend_from_slice(status.dtype.name().as_bytes());
+    out.extend_from_slice(b"\", \"shard\": ");
+    dumps::write_u64(&mut out, u64::from(shard));
+    out.push(b'}');
+    out
+}
+
+/// [`encode_event`] through [`ReadyEvent`] and `serde_json`.
+pub fn encode_event_general(transfer_id: &str, status: &Status, shard: u16) -> Vec<u8> {
     let s = StatusResult::from(status);
-    pyjson::dumps(&ReadyEvent {
+    pyjson::dumps_general(&ReadyEvent {
         transfer_id,
         mm_hash: s.mm_hash,
         ready: s.ready,
@@ -366,12 +523,34 @@ struct ErrEnvelope<'a> {
 
 /// `{"ok": true, "result": <result>}`.
 pub fn encode_ok<T: Serialize>(result: &T) -> Vec<u8> {
-    pyjson::dumps(&OkEnvelope { ok: true, result })
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"ok\": true, \"result\": ");
+    match dumps::write(&mut out, result) {
+        Ok(()) => {
+            out.push(b'}');
+            out
+        }
+        Err(_) => encode_ok_general(result),
+    }
+}
+
+/// [`encode_ok`] through `serde_json`.
+pub fn encode_ok_general<T: Serialize>(result: &T) -> Vec<u8> {
+    pyjson::dumps_general(&OkEnvelope { ok: true, result })
 }
 
 /// `{"ok": false, "error": <error>}`.
 pub fn encode_err(error: &str) -> Vec<u8> {
-    pyjson::dumps(&ErrEnvelope { ok: false, error })
+    let mut out = Vec::with_capacity(32 + error.len());
+    out.extend_from_slice(b"{\"ok\": false, \"error\": ");
+    dumps::write_str(&mut out, error);
+    out.push(b'}');
+    out
+}
+
+/// [`encode_err`] through `serde_json`.
+pub fn encode_err_general(error: &str) -> Vec<u8> {
+    pyjson::dumps_general(&ErrEnvelope { ok: false, error })
 }
 
 /// A reply as a client reads it: `Ok(result)` or `Err(error text)`, with the reference

@@ -1,0 +1,496 @@
+//! The EC codecs' fast paths against their general paths.
+//!
+//! Requests in the clients' `json.dumps` layout are read by a hand-written scanner, and
+//! replies and events are written by a one-pass writer; everything else goes through
+//! `serde_json`. These properties hold each shortcut to the general path on generated
+//! frames: valid frames in the clients' layout, the same frames with coercions (numbers
+//! as strings or floats, escapes, other key orders), byte-level perturbations of both, and
+//! random bytes. Whatever a fast path answers, the general path answers identically; the
+//! public entry points answer exactly what the general path does; and the frames the
+//! Rust and Python clients send do take the fast path.
+
+use ctlplane_core::ec::dtype::DType;
+use ctlplane_core::ec::ids::ReservationId;
+use ctlplane_core::ec::requests::{self, ReserveSpec};
+use ctlplane_core::ec::reservations::Status;
+use ctlplane_core::ec::wire::{
+    self, CancelResult, CancelledResult, CompleteResult, ItemReply, Items, PeersResult, ReserveReply, ReserveResult,
+    StatusResult,
+};
+use ctlplane_core::ec::{pyjson, scan};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use serde::Serialize;
+use serde_json::{Map, Number, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn config() -> ProptestConfig {
+    ProptestConfig { failure_persistence: None, ..ProptestConfig::default() }
+}
+
+/// `json.dumps` of a string (ASCII escapes, lone surrogates for carried ones).
+fn js(s: &str) -> String {
+    String::from_utf8(pyjson::dumps_general(s)).unwrap()
+}
+
+/// Ids as clients send them: mostly `uuid4().hex`, sometimes anything.
+fn id() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "[0-9a-f]{32}",
+        2 => "[ -~]{0,12}",
+        1 => ".{0,6}",
+        1 => (0xF0000u32..0xF0800).prop_map(|c| char::from_u32(c).unwrap().to_string()),
+        1 => "[\\x00-\\x1f\\x7f\"\\\\]{1,3}",
+    ]
+}
+
+/// An id that needs no escape in JSON.
+fn plain_id() -> impl Strategy<Value = String> {
+    prop_oneof![3 => "[0-9a-f]{32}", 1 => "[ !#-\\[\\]-~]{0,12}"]
+}
+
+fn dtype_name() -> impl Strategy<Value = String> {
+    let mut names: Vec<String> = DType::ALL.iter().map(|d| d.name().to_string()).collect();
+    names.extend(["half", "float", "long", "Float16", "float17", ""].map(String::from));
+    proptest::sample::select(names)
+}
+
+/// A number as a client may write it: plain, or in a form that needs a coercion.
+fn number(n: u64) -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => Just(n.to_string()),
+        1 => Just(format!("{n}.0")),
+        1 => Just(format!("\"{n}\"")),
+        1 => Just(format!("-{n}")),
+        1 => Just(format!("{n}e0")),
+        1 => Just("true".to_string()),
+        1 => Just("null".to_string()),
+    ]
+}
+
+/// The body of a reserve payload (without braces), and whether it is valid and plain.
+fn reserve_body() -> impl Strategy<Value = (String, bool)> {
+    (
+        id(),
+        id(),
+        proptest::collection::vec(prop_oneof![8 => 0u64..300, 1 => Just(u64::MAX / 3)], 0..4),
+        dtype_name(),
+        prop_oneof![6 => Just(None), 1 => any::<u64>().prop_map(Some)],
+    )
+        .prop_flat_map(|(t, h, shape, dtype, nbytes_override)| {
+            let itemsize = DType::from_name(&dtype).map(DType::itemsize);
+            let product = itemsize.and_then(|i| shape.iter().try_fold(i, |acc, &d| acc.checked_mul(d)));
+            let nbytes = nbytes_override.or(product).unwrap_or(7);
+            let dims = shape.iter().map(|&d| number(d)).collect::<Vec<_>>();
+            (number(nbytes), dims).prop_map(move |(nb, dims)| {
+                let body = format!(
+                    "\"transfer_id\": {}, \"mm_hash\": {}, \"nbytes\": {nb}, \"shape\": [{}], \"dtype\": {}",
+                    js(&t),
+                    js(&h),
+                    dims.join(", "),
+                    js(&dtype)
+                );
+                let plain =
+                    [&t, &h].iter().all(|s| s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\'))
+                        && dims.iter().zip(&shape).all(|(d, n)| *d == n.to_string())
+                        && nb == nbytes.to_string()
+                        && product == Some(nbytes)
+                        && nbytes.to_string().len() < 20
+                        && shape.iter().all(|d| d.to_string().len() < 20);
+                (body, plain)
+            })
+        })
+}
+
+fn complete_body() -> impl Strategy<Value = (String, bool)> {
+    (id(), id()).prop_map(|(t, r)| {
+        let plain = [&t, &r].iter().all(|s| s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\'));
+        (format!("\"transfer_id\": {}, \"reservation_id\": {}", js(&t), js(&r)), plain)
+    })
+}
+
+fn items(body: impl Strategy<Value = (String, bool)>) -> impl Strategy<Value = (String, bool)> {
+    proptest::collection::vec(body, 0..5).prop_map(|items| {
+        let plain = items.iter().all(|(_, p)| *p);
+        let list = items.iter().map(|(b, _)| format!("{{{b}}}")).collect::<Vec<_>>().join(", ");
+        (format!("\"items\": [{list}]"), plain)
+    })
+}
+
+/// A request frame in the clients' layout, and whether it is valid and plain (then the
+/// fast path must take it).
+fn request() -> impl Strategy<Value = (String, bool)> {
+    let op = |name: &'static str, body: (String, bool)| (format!("{{\"op\": \"{name}\", {}}}", body.0), body.1);
+    prop_oneof![
+        4 => reserve_body().prop_map(move |b| op("reserve", b)),
+        2 => items(reserve_body()).prop_map(move |b| op("reserve_batch", b)),
+        2 => complete_body().prop_map(move |b| op("complete", b)),
+        3 => items(complete_body()).prop_map(move |b| op("complete_batch", b)),
+        1 => id().prop_map(move |t| {
+            let plain = !js(&t).contains('\\');
+            op("status", (format!("\"transfer_id\": {}", js(&t)), plain))
+        }),
+        2 => (complete_body(), any::<Option<bool>>(), any::<Option<bool>>()).prop_map(move |(b, a, r)| {
+            let mut body = b.0;
+            if let Some(a) = a {
+                body.push_str(&format!(", \"abandon\": {a}"));
+            }
+            if let Some(r) = r {
+                body.push_str(&format!(", \"refresh\": {r}"));
+            }
+            op("cancel", (body, b.1))
+        }),
+        1 => Just(("{\"op\": \"peers\"}".to_string(), true)),
+        1 => Just(("{\"op\": \"event_port\"}".to_string(), true)),
+        1 => Just(("{\"op\": \"nonsense\"}".to_string(), false)),
+    ]
+}
+
+/// Bytes that matter to a JSON scanner.
+const INTERESTING: &[u8] = b" \"\\,:{}[]0123-.eEtfnu\x00\x1f\x7f\xc3\xa9\xff";
+
+#[derive(Clone, Debug)]
+enum Edit {
+    Delete(usize),
+    Insert(usize, u8),
+    Replace(usize, u8),
+    Truncate(usize),
+    /// `", "` or `": "` written without its space, as `json.dumps(separators=...)` would.
+    Compact(usize),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    let byte = proptest::sample::select(INTERESTING);
+    prop_oneof![
+        any::<usize>().prop_map(Edit::Delete),
+        (any::<usize>(), byte.clone()).prop_map(|(i, b)| Edit::Insert(i, b)),
+        (any::<usize>(), byte).prop_map(|(i, b)| Edit::Replace(i, b)),
+        any::<usize>().prop_map(Edit::Truncate),
+        any::<usize>().prop_map(Edit::Compact),
+    ]
+}
+
+fn apply(frame: &mut Vec<u8>, edit: &Edit) {
+    let at = |i: usize, len: usize| if len == 0 { 0 } else { i % len };
+    match *edit {
+        Edit::Delete(i) if !frame.is_empty() => {
+            let i = at(i, frame.len());
+            frame.remove(i);
+        }
+        Edit::Insert(i, b) => {
+            let i = at(i, frame.len() + 1);
+            frame.insert(i, b);
+        }
+        Edit::Replace(i, b) if !frame.is_empty() => {
+            let i = at(i, frame.len());
+            frame[i] = b;
+        }
+        Edit::Truncate(i) => frame.truncate(at(i, frame.len() + 1)),
+        Edit::Compact(i) => {
+            let spaces: Vec<usize> =
+                (1..frame.len()).filter(|&j| frame[j] == b' ' && b",:".contains(&frame[j - 1])).collect();
+            if !spaces.is_empty() {
+                frame.remove(spaces[i % spaces.len()]);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every decoder's fast path against its general path, on one frame.
+fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError> {
+    let general = wire::decode_request_general(frame, max_batch_items);
+    if let Some(fast) = wire::decode_request_fast(frame, max_batch_items) {
+        prop_assert_eq!(Ok(fast), general.clone(), "fast request decode of {:?}", String::from_utf8_lossy(frame));
+    }
+    prop_assert_eq!(wire::decode_request(frame, max_batch_items), general);
+    let parsed = wire::parse_json_general(frame);
+    if let Some(value) = scan::value(frame) {
+        prop_assert_eq!(Ok(value), parsed.clone(), "scan of {:?}", String::from_utf8_lossy(frame));
+    }
+    prop_assert_eq!(wire::parse_json(frame), parsed);
+    Ok(())
+}
+
+fn plain_spec() -> impl Strategy<Value = ReserveSpec> {
+    (plain_id(), plain_id(), proptest::collection::vec(0u64..5000, 0..4), proptest::sample::select(DType::ALL))
+        .prop_map(|(transfer_id, mm_hash, shape, dtype)| ReserveSpec { transfer_id, mm_hash, shape, dtype })
+}
+
+/// A reservation id, or none.
+fn reservation_id() -> impl Strategy<Value = Option<ReservationId>> {
+    proptest::option::of("[0-9a-f]{32}".prop_map(|s| ReservationId::parse(&s).unwrap()))
+}
+
+fn status() -> impl Strategy<Value = Status> {
+    (
+        id(),
+        any::<bool>(),
+        reservation_id(),
+        any::<u64>(),
+        proptest::collection::vec(any::<u64>(), 0..4),
+        proptest::sample::select(DType::ALL),
+    )
+        .prop_map(|(mm_hash, ready, reservation_id, nbytes, shape, dtype)| Status {
+            mm_hash: Arc::from(mm_hash.as_str()),
+            ready,
+            reservation_id,
+            nbytes,
+            shape: shape.into_boxed_slice(),
+            dtype,
+        })
+}
+
+fn reserve_reply() -> impl Strategy<Value = ReserveReply> {
+    prop_oneof![
+        (id(), id(), any::<u64>(), any::<u64>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+            |(reservation_id, dst_session, dst_ptr, nbytes, write, ready, cached)| {
+                ReserveReply::Granted(ReserveResult {
+                    reservation_id,
+                    dst_session,
+                    dst_ptr,
+                    nbytes,
+                    write,
+                    ready,
+                    cached,
+                })
+            }
+        ),
+        any::<u64>().prop_map(|n| ReserveReply::Cancelled(CancelledResult::new(n))),
+    ]
+}
+
+/// Any JSON value, arbitrary-precision numbers and floats included.
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<u64>().prop_map(|n| Value::Number(n.into())),
+        any::<i64>().prop_map(|n| Value::Number(n.into())),
+        any::<f64>().prop_map(|f| Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        "-?[1-9][0-9]{19,30}".prop_map(|s| Value::Number(s.parse().unwrap())),
+        id().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 32, 5, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            proptest::collection::btree_map(id(), inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+        ]
+    })
+}
+
+/// Every serde shape the writer must match `serde_json` on.
+#[derive(Clone, Debug, Serialize)]
+enum Shapes {
+    Unit,
+    Newtype(String),
+    Tuple(u8, i64, char),
+    Struct { a: Option<u32>, b: Vec<i16> },
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct UnitStruct;
+
+#[derive(Clone, Debug, Serialize)]
+struct TupleStruct(i128, u128, f32);
+
+#[derive(Debug)]
+struct Bytes(Vec<u8>);
+
+impl Serialize for Bytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Everything {
+    shapes: Vec<Shapes>,
+    unit: UnitStruct,
+    tuple: TupleStruct,
+    bytes: Bytes,
+    int_keys: BTreeMap<i32, String>,
+    bool_keys: BTreeMap<bool, ()>,
+    char_keys: BTreeMap<char, f64>,
+    text_keys: BTreeMap<String, Option<u64>>,
+    shape_keys: BTreeMap<Vec<u8>, u8>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+fn shapes() -> impl Strategy<Value = Shapes> {
+    prop_oneof![
+        Just(Shapes::Unit),
+        id().prop_map(Shapes::Newtype),
+        (any::<u8>(), any::<i64>(), any::<char>()).prop_map(|(a, b, c)| Shapes::Tuple(a, b, c)),
+        (any::<Option<u32>>(), proptest::collection::vec(any::<i16>(), 0..3))
+            .prop_map(|(a, b)| Shapes::Struct { a, b }),
+    ]
+}
+
+fn everything() -> impl Strategy<Value = Everything> {
+    (
+        proptest::collection::vec(shapes(), 0..4),
+        (any::<i128>(), any::<u128>(), any::<f32>()),
+        proptest::collection::vec(any::<u8>(), 0..4),
+        proptest::collection::btree_map(any::<i32>(), id(), 0..3),
+        proptest::collection::btree_map(any::<bool>(), Just(()), 0..2),
+        proptest::collection::btree_map(any::<char>(), any::<f64>(), 0..2),
+        proptest::collection::btree_map(id(), any::<Option<u64>>(), 0..3),
+        proptest::collection::btree_map(proptest::collection::vec(any::<u8>(), 0..2), any::<u8>(), 0..2),
+        proptest::collection::btree_map(id(), json_value(), 0..2),
+    )
+        .prop_map(|(shapes, (a, b, c), bytes, int_keys, bool_keys, char_keys, text_keys, shape_keys, extra)| {
+            Everything {
+                shapes,
+                unit: UnitStruct,
+                tuple: TupleStruct(a, b, c),
+                bytes: Bytes(bytes),
+                int_keys,
+                bool_keys,
+                char_keys,
+                text_keys,
+                shape_keys,
+                extra,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn client_layout_frames_decode_alike_and_take_the_fast_path((frame, plain) in request(), max in 0usize..6) {
+        check_frame(frame.as_bytes(), max)?;
+        let small_batch = !frame.contains("\"items\": [") || frame.matches("{\"transfer_id\"").count() <= max;
+        if plain && small_batch {
+            prop_assert!(
+                wire::decode_request_fast(frame.as_bytes(), max).is_some(),
+                "valid client frame left the fast path: {}",
+                frame
+            );
+        }
+    }
+
+    #[test]
+    fn perturbed_frames_decode_alike((frame, _) in request(), edits in proptest::collection::vec(edit(), 1..4)) {
+        let mut frame = frame.into_bytes();
+        for e in &edits {
+            apply(&mut frame, e);
+        }
+        check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+    }
+
+    #[test]
+    fn random_bytes_decode_alike(frame in proptest::collection::vec(any::<u8>(), 0..64)) {
+        check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+    }
+
+    #[test]
+    fn rust_client_frames_take_the_fast_path(specs in proptest::collection::vec(plain_spec(), 1..4), rid in plain_id()) {
+        let decode = |frame: &[u8]| wire::decode_request_fast(frame, wire::DEFAULT_MAX_BATCH_ITEMS);
+        for spec in &specs {
+            if let Some(frame) = requests::reserve(spec) {
+                prop_assert!(decode(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
+                check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+            }
+        }
+        if let Some(frame) = requests::reserve_batch(&specs) {
+            prop_assert!(decode(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
+        }
+        let t = specs[0].transfer_id.as_str();
+        for frame in [
+            requests::complete(t, &rid),
+            requests::complete_batch(specs.iter().map(|s| (s.transfer_id.as_str(), rid.as_str()))),
+            requests::cancel(t, &rid, false, false),
+            requests::cancel(t, &rid, true, false),
+            requests::cancel(t, &rid, false, true),
+            requests::cancel(t, &rid, true, true),
+            requests::status(t),
+            requests::peers(),
+            requests::event_port(),
+        ] {
+            prop_assert!(decode(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
+            check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+        }
+    }
+
+    #[test]
+    fn replies_are_written_and_read_back_alike(
+        reply in reserve_reply(),
+        batch in proptest::collection::vec(prop_oneof![reserve_reply().prop_map(ItemReply::ok), id().prop_map(ItemReply::err)], 0..4),
+        completions in proptest::collection::vec((any::<bool>(), any::<bool>()), 0..4),
+        status in proptest::option::of(status()),
+        ports in proptest::collection::vec(any::<u16>(), 0..3),
+        error in id(),
+        edits in proptest::collection::vec(edit(), 0..3),
+    ) {
+        let completions: Vec<CompleteResult> =
+            completions.into_iter().map(|(completed, became_ready)| CompleteResult { completed, became_ready }).collect();
+        let frames = [
+            (wire::encode_ok(&reply), wire::encode_ok_general(&reply)),
+            (wire::encode_ok(&Items { items: batch.clone() }), wire::encode_ok_general(&Items { items: batch })),
+            (wire::encode_ok(&completions), wire::encode_ok_general(&completions)),
+            (wire::encode_ok(&Items { items: completions.clone() }), wire::encode_ok_general(&Items { items: completions })),
+            (
+                wire::encode_ok(&status.as_ref().map(StatusResult::from)),
+                wire::encode_ok_general(&status.as_ref().map(StatusResult::from)),
+            ),
+            (wire::encode_ok(&PeersResult { ports: ports.clone() }), wire::encode_ok_general(&PeersResult { ports })),
+            (wire::encode_ok(&Some(7u16)), wire::encode_ok_general(&Some(7u16))),
+            (wire::encode_ok(&CancelResult { cancelled: true }), wire::encode_ok_general(&CancelResult { cancelled: true })),
+            (wire::encode_err(&error), wire::encode_err_general(&error)),
+        ];
+        for (fast, general) in frames {
+            prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
+            let mut frame = fast;
+            check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+            for e in &edits {
+                apply(&mut frame, e);
+            }
+            check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+        }
+    }
+
+    #[test]
+    fn events_are_written_alike(transfer_id in id(), status in status(), shard in any::<u16>()) {
+        let fast = wire::encode_event(&transfer_id, &status, shard);
+        let general = wire::encode_event_general(&transfer_id, &status, shard);
+        prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
+        check_frame(&fast, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+    }
+
+    #[test]
+    fn any_value_is_written_alike(value in json_value()) {
+        let (fast, general) = (pyjson::dumps(&value), pyjson::dumps_general(&value));
+        prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
+    }
+
+    #[test]
+    fn every_serde_shape_is_written_alike(value in everything()) {
+        let (fast, general) = (pyjson::dumps(&value), pyjson::dumps_general(&value));
+        prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
+    }
+}
+
+#[test]
+fn the_benchmarked_frames_take_the_fast_path() {
+    let reserve = format!(
+        r#"{{"op": "reserve", "transfer_id": "{:032x}", "mm_hash": "{:064x}", "nbytes": 16384, "shape": [64, 128], "dtype": "float16"}}"#,
+        7, 9
+    );
+    assert!(wire::decode_request_fast(reserve.as_bytes(), 1).is_some());
+    let reply = wire::encode_ok(&ReserveReply::Granted(ReserveResult {
+        reservation_id: format!("{:032x}", 5),
+        dst_session: "10.0.0.5:15417".into(),
+        dst_ptr: 140213339553792,
+        nbytes: 16384,
+        write: true,
+        ready: false,
+        cached: false,
+    }));
+    assert!(scan::value(&reply).is_some());
+    assert_eq!(wire::decode_reply(&reply).unwrap().unwrap()["dst_ptr"], 140213339553792u64);
+}
