@@ -16,6 +16,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::time::Duration;
 
 use ctlplane_core::ec::readiness::PUSH_WAIT_TIMEOUT;
+use ctlplane_core::regressions::Regressions;
 use ctlplane_core::time::Instant;
 
 use crate::device::{Device, DeviceConfig};
@@ -88,6 +89,12 @@ pub struct RunReport {
 /// Runs one seed. Never panics on a violation; a host panic or a turmoil error is reported
 /// as a violation (`host-panic`, `sim-error`) and ends the run early.
 pub fn run(cfg: &RunConfig) -> RunReport {
+    run_with(cfg, &Regressions::default())
+}
+
+/// [`run`] with historical behaviours switched on in the core machines (the race
+/// catalogue, `docs/races.md`): the oracles a race names must then fire for some seed.
+pub fn run_with(cfg: &RunConfig, regressions: &Regressions) -> RunReport {
     clock::reset();
     trace::reset(cfg.keep_trace);
     oracle::reset();
@@ -110,7 +117,7 @@ pub fn run(cfg: &RunConfig) -> RunReport {
         };
     };
     let plan = cfg.plan.clone().unwrap_or_else(|| FaultPlan::draw(cfg.seed, &topo, ACTIVE));
-    let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan);
+    let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan, regressions);
     stats.insert("steps".to_string(), steps);
     stats.insert("trace.events".to_string(), trace::count());
     let violations = oracle::take();
@@ -129,7 +136,12 @@ pub fn run(cfg: &RunConfig) -> RunReport {
     }
 }
 
-fn run_world(seed: u64, topo: &Topology, plan: &FaultPlan) -> (u64, Duration, BTreeMap<String, u64>) {
+fn run_world(
+    seed: u64,
+    topo: &Topology,
+    plan: &FaultPlan,
+    regressions: &Regressions,
+) -> (u64, Duration, BTreeMap<String, u64>) {
     let requests = workload::draw(
         &WorkloadConfig::default(),
         topo.consumers.len(),
@@ -137,7 +149,7 @@ fn run_world(seed: u64, topo: &Topology, plan: &FaultPlan) -> (u64, Duration, BT
         &mut world::rng(seed, stream::WORKLOAD, 0),
     );
     let device = Device::new(DeviceConfig::default(), world::rng(seed, stream::DEVICE, 0));
-    world::install(World::new(topo.clone(), seed, requests, device));
+    world::install(World::new(topo.clone(), seed, *regressions, requests, device));
     let mut sim = turmoil::Builder::new()
         .rng_seed(rand::RngCore::next_u64(&mut world::rng(seed, stream::TURMOIL, 0)))
         .min_message_latency(LINK_LATENCY)
@@ -146,7 +158,7 @@ fn run_world(seed: u64, topo: &Topology, plan: &FaultPlan) -> (u64, Duration, BT
         .simulation_duration(END + Duration::from_secs(60))
         .build();
     crate::hosts::install(&mut sim, topo);
-    crate::p2p::install(&mut sim, topo, seed);
+    crate::p2p::install_with(&mut sim, topo, seed, regressions.t0);
     let mut driver = FaultDriver::new(plan);
     let rank_hosts: Vec<String> = topo.ranks().iter().map(|(_, _, h)| h.to_string()).collect();
     let mut steps = 0u64;

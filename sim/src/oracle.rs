@@ -70,7 +70,7 @@ pub const RESOLVE_SLACK: Duration = Duration::from_secs(5);
 
 /// Safety, after every step: for every rank whose book changed, its structural invariants
 /// (no overlapping or double allocation, memory owned exactly once: `no-overlap`), the
-/// event backlog bound (`event-backlog`) and the drop count (`event-drops-counted`); for
+/// event backlog bound and the drop count (`backlog-bounded`); for
 /// every live rank, a request it took is answered by its due time (`rep-answers`).
 pub fn check_step(now_ns: u64) {
     let (dirty, owed) = world::with(|w| {
@@ -92,13 +92,18 @@ pub fn check_step(now_ns: u64) {
         }
         let bound = s.config().max_pending_events;
         if s.pending_events() > bound {
-            violate_at(now_ns, "event-backlog", &host, format!("{} events queued, bound {bound}", s.pending_events()));
+            violate_at(
+                now_ns,
+                "backlog-bounded",
+                &host,
+                format!("{} events queued, bound {bound}", s.pending_events()),
+            );
         }
         let st = s.stats();
         if st.events_queued != st.events_sent + st.events_dropped + s.pending_events() as u64 {
             violate_at(
                 now_ns,
-                "event-drops-counted",
+                "backlog-bounded",
                 &host,
                 format!(
                     "queued {} != sent {} + dropped {} + pending {}",
@@ -131,7 +136,7 @@ pub fn check_step(now_ns: u64) {
 /// Liveness, after the faults stopped and the world was quiet: every request resolved
 /// within `push_wait_timeout` plus slack (`request-resolves`), and no reservation of the
 /// workload still WRITING or READY on a live rank, since the TTL moves both on
-/// (`reservation-ttl`). Deferred reservations are the reference's documented leak when a
+/// (`reservation-released`). Deferred reservations are the reference's documented leak when a
 /// producer can no longer abandon (races S10, S11); they are counted, not flagged.
 pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<String, u64> {
     let mut stats = BTreeMap::new();
@@ -162,7 +167,7 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
         for tid in &tids {
             match s.book().state_of(tid) {
                 Some(state @ (State::Writing | State::Ready)) => {
-                    violate_at(now_ns, "reservation-ttl", &host, format!("{tid} still {state} after its TTL"));
+                    violate_at(now_ns, "reservation-released", &host, format!("{tid} still {state} after its TTL"));
                 }
                 Some(State::CancelPending | State::ExpirePending) => {
                     *stats.entry("reservations.deferred_at_end".to_string()).or_default() += 1;

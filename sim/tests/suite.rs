@@ -56,3 +56,50 @@ fn seeded_suite_of_the_full_topology_has_no_violations() {
     eprintln!("{n} seeds, {:.0} simulated seconds, {} failing", sim_secs.lock().unwrap(), failures.len());
     assert!(failures.is_empty(), "{} of {n} seeds broke an oracle (see above)", failures.len());
 }
+
+/// The oracles are not vacuous: a historical behaviour of the race catalogue switched on
+/// makes the oracle it names fire, and the same seed without it passes.
+#[test]
+fn race_switches_make_their_oracles_fire() {
+    use ctlplane_core::regressions::Regressions;
+    use ctlplane_sim::engine::run_with;
+    use ctlplane_sim::faults::{Fault, FaultKind, FaultPlan, Garbage};
+
+    let quiet = RunConfig { plan: Some(FaultPlan::none(1)), ..RunConfig::new(1) };
+    let fixed = run(&quiet);
+    assert!(fixed.violations.is_empty(), "{:?}", fixed.violations);
+
+    // S6: the inbox subscribes to rank 0 only and counts one shard.
+    let mut s6 = Regressions::default();
+    s6.inbox.s6_base_shard_only = true;
+    let report = run_with(&quiet, &s6);
+    assert!(
+        report.violations.iter().any(|v| v.oracle == "accept-before-ready"),
+        "S6 went unnoticed: {:?}",
+        report.violations.iter().map(|v| &v.oracle).collect::<Vec<_>>()
+    );
+
+    // S1: an undecodable request kills the control thread; the REP never answers it.
+    let mut plan = FaultPlan::none(1);
+    plan.faults.push(Fault {
+        at_ms: 2_000,
+        kind: FaultKind::Malformed {
+            from: "producer0".into(),
+            to: "consumer0-r1".into(),
+            count: 1,
+            garbage: Garbage::NotJson,
+        },
+    });
+    let malformed = RunConfig { plan: Some(plan), ..RunConfig::new(1) };
+    let fixed = run(&malformed);
+    assert!(fixed.violations.is_empty(), "{:?}", fixed.violations);
+    assert!(fixed.stats.get("shard.malformed").copied().unwrap_or(0) >= 1, "the malformed frame was not sent");
+    let mut s1 = Regressions::default();
+    s1.shard.s1_undecodable_kills_server = true;
+    let report = run_with(&malformed, &s1);
+    assert!(
+        report.violations.iter().any(|v| v.oracle == "rep-answers"),
+        "S1 went unnoticed: {:?}",
+        report.violations.iter().map(|v| &v.oracle).collect::<Vec<_>>()
+    );
+}

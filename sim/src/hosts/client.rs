@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ctlplane_core::ec::request_slot::{ReplyFate, RequestSlot};
+use ctlplane_core::ec::request_slot::{ReplyFate, RequestSlot, SlotRegressions};
 use ctlplane_core::ec::wire;
 use serde_json::Value;
 
@@ -32,12 +32,20 @@ pub struct ControlClient {
     ctx: Context,
     host: String,
     timeout: Duration,
+    regressions: SlotRegressions,
     conns: RefCell<BTreeMap<String, Conn>>,
 }
 
 impl ControlClient {
     pub fn new(ctx: &Context, host: &str, timeout: Duration) -> Self {
-        ControlClient { ctx: ctx.clone(), host: host.to_string(), timeout, conns: RefCell::new(BTreeMap::new()) }
+        let regressions = world::with(|w| w.regressions.slot);
+        ControlClient {
+            ctx: ctx.clone(),
+            host: host.to_string(),
+            timeout,
+            regressions,
+            conns: RefCell::new(BTreeMap::new()),
+        }
     }
 
     /// One exchange: `Ok(result)`, or the error text (the server's for `ok: false`,
@@ -47,9 +55,10 @@ impl ControlClient {
         let target = world::resolve(addr);
         let (begin, socket) = {
             let mut conns = self.conns.borrow_mut();
-            let conn = conns
-                .entry(addr.to_string())
-                .or_insert_with(|| Conn { slot: RequestSlot::new(self.timeout), socket: None });
+            let conn = conns.entry(addr.to_string()).or_insert_with(|| Conn {
+                slot: RequestSlot::with_regressions(self.timeout, self.regressions),
+                socket: None,
+            });
             let begin = conn.slot.begin(now).map_err(|e| e.to_string())?;
             if begin.open || conn.socket.is_none() {
                 if let Some(old) = conn.socket.take() {

@@ -33,11 +33,11 @@ const BIND_ATTEMPTS: u32 = 50;
 /// Runs one rank until its serving loop fails; turmoil restarts it on `bounce`.
 pub async fn run(host: String) -> turmoil::Result {
     let incarnation = world::start_incarnation(&host);
-    let Some((spec, rank, consumer, index, seed)) = world::with(|w| {
+    let Some((spec, rank, consumer, index, seed, regressions)) = world::with(|w| {
         let (spec, rank) = w.topo.rank_of(&host)?;
         let consumer = w.topo.consumers.iter().position(|c| c.name == spec.name)?;
         let index = w.topo.ranks().iter().position(|(_, _, h)| *h == host)?;
-        Some((spec.clone(), rank, consumer, index, w.seed))
+        Some((spec.clone(), rank, consumer, index, w.seed, w.regressions))
     }) else {
         return Ok(());
     };
@@ -49,6 +49,8 @@ pub async fn run(host: String) -> turmoil::Result {
     config.peer_ports = spec.peer_ports();
     config.dst_session = session.clone();
     config.slab_base = slab_base;
+    config.regressions = regressions.shard;
+    config.book.regressions = regressions.book;
     let rng = world::rng(seed, stream::SHARD, (index as u64) << 32 | u64::from(incarnation));
     let shard = Rc::new(RefCell::new(ConsumerShard::new(config, rng, clock::now())));
 
@@ -70,14 +72,33 @@ pub async fn run(host: String) -> turmoil::Result {
     });
     crate::trace::record(&host, "ec.shard.start", &[("incarnation", &incarnation), ("event_port", &event_port)]);
 
-    let result = serve(&host, consumer, rank, &shard, &rep, &push).await;
-    if let Err(e) = result {
-        // Afterwards clients only see timeouts (spec 2.5, race S2).
-        crate::trace::record(&host, "ec.shard.stopped", &[("error", &e)]);
-        tracing::error!(%host, error = %e, "EC control channel stopped serving");
+    let stop = serve(&host, consumer, rank, &shard, &rep, &push).await;
+    // Afterwards clients only see timeouts (spec 2.5, races S1, S2).
+    crate::trace::record(&host, "ec.shard.stopped", &[("why", &stop.why())]);
+    tracing::error!(%host, why = stop.why(), "EC control channel stopped serving");
+    drop((rep, push));
+    match stop {
+        // The control thread died; the process (and the request it never answered) stays.
+        Stop::Halted(_) => std::future::pending::<()>().await,
+        Stop::Failed(_) => world::with(|w| w.rank_down(&host)),
     }
-    world::with(|w| w.rank_down(&host));
     Ok(())
+}
+
+/// Why a serving loop ended.
+enum Stop {
+    /// A regression switch halted the shard (the reference's dead control thread).
+    Halted(String),
+    /// A socket failed.
+    Failed(String),
+}
+
+impl Stop {
+    fn why(&self) -> &str {
+        match self {
+            Stop::Halted(why) | Stop::Failed(why) => why,
+        }
+    }
 }
 
 async fn bind_retrying(host: &str, socket: &Socket, port: u16) -> bool {
@@ -100,15 +121,20 @@ async fn serve(
     shard: &Rc<RefCell<world::Shard>>,
     rep: &Socket,
     push: &Socket,
-) -> Result<(), ZmqError> {
+) -> Stop {
     loop {
-        flush_events(host, consumer, rank, shard, push)?;
+        if let Err(e) = flush_events(host, consumer, rank, shard, push) {
+            return Stop::Failed(e.to_string());
+        }
         let now = clock::now();
         let due = {
             let mut s = shard.borrow_mut();
             if s.poll_timeout().is_some_and(|d| now >= d) {
                 s.handle_timeout(now);
                 world::with(|w| w.dirty.insert(host.to_string()));
+                if let Some(why) = s.halted() {
+                    return Stop::Halted(format!("{why:?}"));
+                }
             }
             s.poll_timeout()
         };
@@ -125,7 +151,7 @@ async fn serve(
         let msg = match rep.try_recv() {
             Ok(m) => m,
             Err(ZmqError::Again) => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Stop::Failed(e.to_string()),
         };
         // One frame per request; a multi-part request is answered as malformed.
         let frame = match msg.as_slice() {
@@ -145,7 +171,12 @@ async fn serve(
         }
         let reply = shard.borrow_mut().handle_request(&frame, clock::now());
         world::with(|w| w.dirty.insert(host.to_string()));
-        rep.send(vec![reply]).await?;
+        if let Some(why) = shard.borrow().halted() {
+            return Stop::Halted(format!("{why:?}"));
+        }
+        if let Err(e) = rep.send(vec![reply]).await {
+            return Stop::Failed(e.to_string());
+        }
         world::with(|w| {
             if let Some(r) = w.ranks.get_mut(host) {
                 r.owed = None;

@@ -39,7 +39,8 @@ pub async fn run(host: String) -> turmoil::Result {
     crate::trace::record(&host, "ec.producer.start", &[("incarnation", &incarnation)]);
     let ctx = Context::new(&host);
     let client = Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT));
-    let mut coordinator = PushCoordinator::new(PushConfig::default());
+    let regressions = world::with(|w| w.regressions.push);
+    let mut coordinator = PushCoordinator::new(PushConfig { regressions, ..PushConfig::default() });
     let (tx, mut rx) = mpsc::unbounded_channel::<Answer>();
     let start = clock::now();
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());

@@ -58,7 +58,7 @@ pub async fn run(host: String) -> turmoil::Result {
             .map(|c| PerConsumer {
                 base: c.base_addr(),
                 ranks: c.ranks.clone(),
-                inbox: Inbox::default(),
+                inbox: Inbox::new(w.regressions.inbox),
                 readiness: Readiness::new(ReadinessConfig::default()),
                 pull: None,
                 cancels: Rc::new(RefCell::new(VecDeque::new())),
@@ -96,11 +96,18 @@ pub async fn run(host: String) -> turmoil::Result {
         // Drain: subscribe if needed (never blocking), then read what arrived.
         for (i, c) in consumers.iter_mut().enumerate() {
             if let Some(InboxAction::StartDiscovery) = c.inbox.on_drain() {
-                let (client, tx, base, topology) = (discovery.clone(), tx.clone(), c.base.clone(), topology.clone());
-                tokio::task::spawn_local(async move {
-                    let outcome = discover(&client, &base, &topology).await;
+                let pass = c.inbox.discovery(&c.base, &topology.borrow());
+                if c.inbox.discovery_blocks_drain() {
+                    // The drain waits for the whole pass (race S5).
+                    let outcome = discover(&discovery, pass, &topology).await;
                     let _ = tx.send(Msg::Discovered(i, outcome));
-                });
+                } else {
+                    let (client, tx, topology) = (discovery.clone(), tx.clone(), topology.clone());
+                    tokio::task::spawn_local(async move {
+                        let outcome = discover(&client, pass, &topology).await;
+                        let _ = tx.send(Msg::Discovered(i, outcome));
+                    });
+                }
             }
         }
         for c in consumers.iter_mut() {
@@ -244,10 +251,9 @@ fn check_every_shard_published(host: &str, consumer: Option<usize>, ranks: &[Str
 /// One discovery pass: `peers` (unless cached) and every shard's `event_port`.
 async fn discover(
     client: &ControlClient,
-    base: &str,
+    mut d: EndpointDiscovery,
     topology: &Rc<RefCell<TopologyCache>>,
 ) -> Result<Vec<String>, String> {
-    let mut d = EndpointDiscovery::new(base, &topology.borrow());
     let mut step = d.step();
     loop {
         match step {

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use ctlplane_core::ec::ConsumerShard;
+use ctlplane_core::regressions::Regressions;
 use ctlplane_core::time::Instant;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -73,6 +74,8 @@ pub struct RequestState {
 pub struct World {
     pub topo: Topology,
     pub seed: u64,
+    /// Historical behaviours switched on in the core machines (all off by default).
+    pub regressions: Regressions,
     pub workload: Rc<Vec<Request>>,
     /// transfer id -> (request, item).
     pub items: BTreeMap<String, (usize, usize)>,
@@ -97,7 +100,7 @@ thread_local! {
 
 impl World {
     /// A fresh world for a run.
-    pub fn new(topo: Topology, seed: u64, workload: Vec<Request>, device: Device) -> Self {
+    pub fn new(topo: Topology, seed: u64, regressions: Regressions, workload: Vec<Request>, device: Device) -> Self {
         let mut items = BTreeMap::new();
         for (r, req) in workload.iter().enumerate() {
             for (i, item) in req.items.iter().enumerate() {
@@ -109,6 +112,7 @@ impl World {
         World {
             topo,
             seed,
+            regressions,
             workload: Rc::new(workload),
             items,
             requests,
