@@ -69,6 +69,7 @@ fn push_survives_two_consumer_restarts_and_nothing_outlives_its_ttl() {
     let load_done = Instant::now();
     let summary = push.line(Duration::from_secs(1)).unwrap_or_else(|| panic!("no summary; {}", push.stderr()));
     let summary: Value = serde_json::from_str(&summary).unwrap();
+    eprintln!("soak: restarts at {second_up:?} and {third_up:?}; push summary {summary}");
     let count = |k: &str| summary[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {summary}"));
     assert_eq!(count("pushed") + count("failed") + count("skipped"), ITEMS, "items lost without a report: {summary}");
     assert!(count("failed") > 0, "the restarts cost no item, so they did not hit the load: {summary}");
