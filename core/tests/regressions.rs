@@ -658,3 +658,74 @@ fn every_race_is_documented_with_its_switches_and_oracles() {
     assert!(regressions::race("ec-s99").is_none());
     assert!(Regressions::default().is_fixed());
 }
+
+#[test]
+fn ec_s14_follower_refresh_also_frees_a_writer_a_plain_cancel_deferred() {
+    let mut b = book(BookRegressions { s14_follower_refresh_abandons_writer: true, ..BookRegressions::default() });
+    let (w_rid, _, _) = granted(b.reserve(&req("w", "h"), T0));
+    let (f_rid, _, _) = granted(b.reserve(&req("f", "h"), T0));
+    assert!(b.cancel("w", &w_rid, false, false, T0), "the consumer's plain cancel defers the writer");
+    assert_eq!(b.state_of("w"), Some(State::CancelPending));
+    assert!(b.cancel("f", &f_rid, true, true, T0));
+    assert_eq!((b.state_of("w"), b.state_of("f")), (Some(State::Cancelled), Some(State::Cancelled)));
+    assert_eq!(b.slab().used_bytes(), 0, "freed while the writer's producer may still write");
+    b.check_invariants().unwrap();
+}
+
+/// Random operations on a book with the switches on: they change decisions, never the
+/// book's structural invariants, and never reach an illegal transition (a debug panic).
+#[test]
+fn book_switches_keep_the_structural_invariants() {
+    use rand_chacha::rand_core::RngCore;
+    let all = BookRegressions {
+        s11_grace_period_free: Some(Duration::from_secs(2)),
+        s12_complete_ignores_reservation_id: true,
+        s13_no_cancel_tombstone: true,
+        s14_follower_refresh_abandons_writer: true,
+    };
+    let variants = [
+        all,
+        BookRegressions { s11_grace_period_free: Some(Duration::from_secs(2)), ..Default::default() },
+        BookRegressions { s14_follower_refresh_abandons_writer: true, ..Default::default() },
+    ];
+    for (seed, regressions) in variants.into_iter().enumerate() {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed as u64 + 100);
+        let config = BookConfig { regressions, ttl: Duration::from_secs(20), ..BookConfig::default() };
+        let mut b = ReservationBook::new(8 * 16384, config, ChaCha8Rng::seed_from_u64(seed as u64));
+        let mut rids: Vec<String> = vec![String::new()];
+        let mut now = T0;
+        for step in 0..20_000 {
+            let tid = format!("t{}", rng.next_u32() % 12);
+            let hash = format!("h{}", rng.next_u32() % 4);
+            match rng.next_u32() % 6 {
+                0 | 1 => {
+                    if let Ok(Reserved::Granted { reservation_id, .. }) = b.reserve(&req(&tid, &hash), now) {
+                        rids.push(reservation_id.to_string());
+                    }
+                }
+                2 => {
+                    let rid = &rids[rng.next_u32() as usize % rids.len()];
+                    b.complete(&tid, rid, now);
+                }
+                3 => {
+                    let rid = &rids[rng.next_u32() as usize % rids.len()];
+                    let bits = rng.next_u32();
+                    b.cancel(&tid, rid, bits & 1 == 1, bits & 2 == 2, now);
+                }
+                4 => {
+                    let _ = b.take(&tid, &hash);
+                    if rng.next_u32() % 4 == 0 {
+                        b.retire(&hash);
+                    }
+                }
+                _ => {
+                    now = now + Duration::from_millis(u64::from(rng.next_u32() % 5_000));
+                    b.expire(now);
+                }
+            }
+            if let Err(e) = b.check_invariants() {
+                panic!("variant {seed}, step {step}: {e}");
+            }
+        }
+    }
+}

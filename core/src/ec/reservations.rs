@@ -559,11 +559,17 @@ impl<R: RngCore> ReservationBook<R> {
             }
             if follower && self.config.regressions.s14_follower_refresh_abandons_writer {
                 if let Some(writer) = rec.writer().cloned() {
-                    // The writer's followers, this one included, are cancelled with it.
-                    if self.records.get(&writer).is_some_and(|w| w.state == State::Writing) {
-                        self.set_state(&writer, State::ExpirePending);
-                    }
-                    self.terminate(&writer, State::Expired, now);
+                    // The writer's followers, this one included, are cancelled with it. A
+                    // writer already deferred by a plain cancel ends CANCELLED.
+                    let to = match self.records.get(&writer).map(|w| w.state) {
+                        Some(State::Writing) => {
+                            self.set_state(&writer, State::ExpirePending);
+                            State::Expired
+                        }
+                        Some(State::CancelPending) => State::Cancelled,
+                        _ => State::Expired,
+                    };
+                    self.terminate(&writer, to, now);
                     return true;
                 }
             }
