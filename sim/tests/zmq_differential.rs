@@ -509,3 +509,26 @@ fn rep_fair_queues_and_routes_replies_to_each_requester() {
         Recv("c2", 200),
     ]);
 }
+
+#[test]
+fn monitor_event_sequences_of_both_ends() {
+    let log = differential(&[
+        Socket("router", Router, plain()),
+        Socket("dealer", Dealer, id("d")),
+        Monitor("router", monitor::ALL),
+        Monitor("dealer", monitor::ALL),
+        Bind("router", 0),
+        Connect("dealer", 0),
+        Wait(100),
+        Events("router"),
+        Events("dealer"),
+        Close("dealer"),
+        Wait(100),
+        Events("router"),
+        Events("dealer"),
+        Close("router"),
+        Wait(100),
+        Events("router"),
+    ]);
+    assert_eq!(log[0], "events router: 8 32 4096");
+}
