@@ -4,7 +4,7 @@
 //! this log is where it shows. A thread reads the REP's monitor and logs every dropped
 //! client connection with the limit in force; it ends when the REP closes.
 
-use std::thread::JoinHandle;
+use crate::server::{SetupCause, StartError};
 
 /// `ZMQ_EVENT_DISCONNECTED`.
 const EVENT_DISCONNECTED: u16 = 0x0200;
@@ -19,20 +19,18 @@ fn parse_event(frame: &[u8]) -> Option<u16> {
 
 /// Starts logging `rep`'s dropped connections. The PAIR is connected before this returns,
 /// so no event is missed.
-pub(crate) fn spawn(
-    ctx: &zmq::Context,
-    rep: &zmq::Socket,
-    port: u16,
-    limit: Option<usize>,
-) -> zmq::Result<JoinHandle<()>> {
+pub(crate) fn spawn(ctx: &zmq::Context, rep: &zmq::Socket, port: u16, limit: Option<usize>) -> Result<(), StartError> {
+    let socket_err = |e| StartError::Setup(SetupCause::Socket(e));
     let endpoint = format!("inproc://ec-rep-monitor-{port}");
-    rep.monitor(&endpoint, i32::from(EVENT_DISCONNECTED | EVENT_MONITOR_STOPPED))?;
-    let pair = ctx.socket(zmq::PAIR)?;
-    pair.connect(&endpoint)?;
+    rep.monitor(&endpoint, i32::from(EVENT_DISCONNECTED | EVENT_MONITOR_STOPPED)).map_err(socket_err)?;
+    let pair = ctx.socket(zmq::PAIR).map_err(socket_err)?;
+    pair.connect(&endpoint).map_err(socket_err)?;
+    // The thread ends on MONITOR_STOPPED, when the REP closes; nothing joins it.
     std::thread::Builder::new()
         .name(format!("ec-rep-monitor-{port}"))
         .spawn(move || watch(&pair, port, limit))
-        .map_err(|_| zmq::Error::EMFILE)
+        .map(drop)
+        .map_err(|e| StartError::Setup(SetupCause::Spawn(e)))
 }
 
 fn watch(pair: &zmq::Socket, port: u16, limit: Option<usize>) {

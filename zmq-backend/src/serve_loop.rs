@@ -4,7 +4,7 @@
 use crate::clock::Clock;
 use crate::lock;
 use crate::rep_monitor;
-use crate::server::{open_sockets, BindCause, ServerOptions, SetupCause, StartError};
+use crate::server::{open_sockets, BindCause, ServerOptions, StartError};
 use crate::sockets::endpoint_port;
 use ctlplane_core::ec::config::zmq_path;
 use ctlplane_core::ec::ConsumerShard;
@@ -42,8 +42,7 @@ pub(crate) fn bind(host: &str, endpoint: &str, port: u16, options: &ServerOption
     let recv_timeout = options.recv_timeout;
     let ctx = zmq::Context::new();
     let (rep, push) = open_sockets(&ctx, options)?;
-    rep_monitor::spawn(&ctx, &rep, port, options.max_request_bytes)
-        .map_err(|e| StartError::Setup(SetupCause::Socket(e)))?;
+    rep_monitor::spawn(&ctx, &rep, port, options.max_request_bytes)?;
     let bind_err = |endpoint: &str, source| StartError::Bind(BindCause::Zmq { endpoint: endpoint.to_string(), source });
     rep.bind(endpoint).map_err(|e| bind_err(endpoint, e))?;
     let ephemeral = zmq_path("tcp", host, 0);
