@@ -210,6 +210,7 @@ fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError
         prop_assert_eq!(Ok(value), parsed.clone(), "scan of {:?}", String::from_utf8_lossy(frame));
     }
     prop_assert_eq!(wire::parse_json(frame), parsed);
+    prop_assert_eq!(wire::decode_reply(frame), wire::decode_reply_general(frame));
     Ok(())
 }
 

@@ -39,7 +39,7 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let bytes = s.as_bytes();
     let mut start = 0;
-    let mut i = 0;
+    let mut i = plain_prefix(bytes);
     while i < bytes.len() {
         let b = bytes[i];
         if (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\' {
@@ -76,6 +76,37 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
+}
+
+/// Repeats a byte in every lane of a word.
+const fn lanes(b: u8) -> u64 {
+    0x0101_0101_0101_0101 * b as u64
+}
+
+/// Whether any byte of the word may need an escape: below `' '`, above `'~'`, `"` or `\`.
+/// It may answer `true` for a word that needs none (callers then look byte by byte),
+/// never `false` for one that does.
+#[inline]
+pub fn may_need_escape(w: u64) -> bool {
+    const HIGH: u64 = lanes(0x80);
+    let below = |x: u64, n: u8| x.wrapping_sub(lanes(n)) & !x & HIGH != 0;
+    let zero = |x: u64| below(x, 1);
+    below(w, b' ') || w & HIGH != 0 || zero(w ^ lanes(b'"')) || zero(w ^ lanes(b'\\')) || zero(w ^ lanes(0x7f))
+}
+
+/// Length of the leading run of whole 8-byte words that surely need no escape.
+#[inline]
+pub fn plain_prefix(bytes: &[u8]) -> usize {
+    let mut i = 0;
+    for chunk in bytes.chunks_exact(8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        if may_need_escape(u64::from_le_bytes(word)) {
+            break;
+        }
+        i += 8;
+    }
+    i
 }
 
 /// `\uXXXX` with lowercase hex digits.
@@ -652,5 +683,34 @@ impl ser::Serializer for Digits<'_> {
         _len: usize,
     ) -> Result<Self::SerializeStructVariant, Fallback> {
         Err(Fallback)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_byte_that_needs_an_escape_passes_as_plain() {
+        for b in 0..=255u8 {
+            let needs = !(b' '..=b'~').contains(&b) || b == b'"' || b == b'\\';
+            for lane in 0..8 {
+                let mut word = [b'a'; 8];
+                word[lane] = b;
+                let flagged = may_need_escape(u64::from_le_bytes(word));
+                assert!(flagged || !needs, "byte {b:#04x} in lane {lane}");
+                if !needs {
+                    assert!(!flagged, "plain byte {b:#04x} in lane {lane} flagged");
+                }
+            }
+        }
+        assert_eq!(plain_prefix(b"0123456789abcdef01234\"x"), 16);
+    }
+
+    #[test]
+    fn strings_are_written_as_python_writes_them() {
+        let mut out = Vec::new();
+        write_str(&mut out, "0123456789abcdef\"\\\n\u{7f}\u{e9}\u{1F600}\u{F0001}");
+        assert_eq!(out, br#""0123456789abcdef\"\\\n\u007f\u00e9\ud83d\ude00\ud801""#);
     }
 }

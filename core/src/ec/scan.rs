@@ -8,6 +8,7 @@
 //! of printable ASCII without escapes, floats, negative numbers, leading zeros or repeated
 //! keys: its general parse is the very same value, so the shortcut cannot change behaviour.
 
+use super::dumps::plain_prefix;
 use serde_json::{Map, Number, Value};
 
 /// Deepest nesting [`value`] reads; deeper frames take the general path.
@@ -65,7 +66,7 @@ impl<'a> Scan<'a> {
         self.lit(b"\"")?;
         let start = self.pos;
         let rest = &self.b[start..];
-        let mut n = 0;
+        let mut n = plain_prefix(rest);
         loop {
             let c = *rest.get(n)?;
             if c == b'"' {
@@ -133,7 +134,8 @@ impl<'a> Scan<'a> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Option<Value> {
+    /// A JSON value in the `json.dumps` layout, nested `depth` levels deep.
+    pub fn value(&mut self, depth: usize) -> Option<Value> {
         if depth > MAX_DEPTH {
             return None;
         }

@@ -555,7 +555,24 @@ pub fn encode_err_general(error: &str) -> Vec<u8> {
 
 /// A reply as a client reads it: `Ok(result)` or `Err(error text)`, with the reference
 /// client's rules (falsy `ok` is an error, a missing error text gets a generic one).
+///
+/// A success in the server's layout (`{"ok": true, "result": ...}`, as `json.dumps`
+/// writes it) is read without building the envelope; the rest take
+/// [`decode_reply_general`].
 pub fn decode_reply(frame: &[u8]) -> Result<Result<Value, String>, WireError> {
+    let mut s = Scan::new(frame);
+    if s.eat(b"{\"ok\": true, \"result\": ") {
+        if let Some(result) = s.value(1) {
+            if s.eat(b"}") && s.end().is_some() {
+                return Ok(Ok(result));
+            }
+        }
+    }
+    decode_reply_general(frame)
+}
+
+/// [`decode_reply`] through a whole parsed frame.
+pub fn decode_reply_general(frame: &[u8]) -> Result<Result<Value, String>, WireError> {
     let value = parse_json(frame)?;
     let Value::Object(mut obj) = value else {
         return Err(WireError::NotAnObject(type_name(&value)));
