@@ -55,8 +55,10 @@ pub struct KindRate {
     pub per_hour: u32,
 }
 
-/// The swarm switches of one seed: one [`KindRate`] per fault kind.
+/// The swarm switches of one seed: one [`KindRate`] per fault kind (a kind left out of a
+/// hand-written plan is off).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Swarm {
     pub partition: KindRate,
     pub one_way: KindRate,
@@ -225,6 +227,8 @@ pub struct Fault {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaultPlan {
     pub seed: u64,
+    /// How the faults were drawn; informative only (a plan runs its `faults`).
+    #[serde(default)]
     pub swarm: Swarm,
     /// Sorted by `at_ms` (ties keep drawing order).
     pub faults: Vec<Fault>,

@@ -117,11 +117,14 @@ fn mark_dead_closing_the_connection_leaks_its_sockets() {
 #[test]
 fn drawn_fault_plans_leave_no_violation_behind() {
     let topo = peers_only(4);
-    let active = Duration::from_secs(40);
+    // The engine's active phase; the quiet period covers two chained 30 s handshake
+    // deadlines (a lost Connect, then a duplicate-connect race on the reconnect).
+    let active = Duration::from_secs(20);
+    let quiet = Duration::from_secs(100);
     let mut report = Vec::new();
     for seed in 0..8 {
         let plan = FaultPlan::draw(seed, &topo, active);
-        let out = run(seed, &topo, &plan, active, p2p::QUIET_PERIOD, T0Switches::default());
+        let out = run(seed, &topo, &plan, active, quiet, T0Switches::default());
         if !out.violations.is_empty() {
             report.push((seed, plan.to_json(), out.violations));
         }
