@@ -194,15 +194,15 @@ fn run_model(steps: &[Step]) -> Vec<String> {
         .max_message_latency(Duration::from_millis(1))
         .rng_seed(1)
         .build();
-    let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let out = log.clone();
+    let shared = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let out = shared.clone();
     let steps = steps.to_vec();
     sim.client("node", async move {
         let ctx = Context::new("node");
         let port = |slot: usize| 5000 + slot as u16;
         let mut sockets: BTreeMap<&str, model::Socket> = BTreeMap::new();
         let mut monitors: BTreeMap<&str, model::Socket> = BTreeMap::new();
-        let mut log = log.borrow_mut();
+        let mut log = Vec::new();
         for step in &steps {
             match step {
                 Step::Socket(name, kind, o) => {
@@ -269,6 +269,7 @@ fn run_model(steps: &[Step]) -> Vec<String> {
                 }
             }
         }
+        *shared.borrow_mut() = log;
         Ok(())
     });
     sim.run().expect("model scenario");

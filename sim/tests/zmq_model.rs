@@ -619,6 +619,9 @@ fn run_idle_skipping(sim: &mut Sim) -> u64 {
 
 /// A heartbeating DEALER/ROUTER pair idle for a minute around slow replies; returns what
 /// the client observed (reply times in ms, connection count, monitor events).
+/// Replies with their times (ms), live connections at the end, monitor events.
+type Observed = (Vec<(String, u64)>, usize, Vec<u16>);
+
 fn idle_minute(skip: bool) -> (Vec<(String, u64)>, usize, Vec<u16>, u64) {
     let mut sim = sim();
     let hb = || SocketOptions {
@@ -637,7 +640,7 @@ fn idle_minute(skip: bool) -> (Vec<(String, u64)>, usize, Vec<u16>, u64) {
             router.send(m).await?;
         }
     });
-    let seen: Rc<RefCell<(Vec<(String, u64)>, usize, Vec<u16>)>> = Rc::default();
+    let seen: Rc<RefCell<Observed>> = Rc::default();
     let out = seen.clone();
     sim.client("client", async move {
         let ctx = Context::new("client");
