@@ -19,14 +19,18 @@ const MAX_DIGITS: usize = 19;
 /// A cursor over one frame.
 #[derive(Clone, Debug)]
 pub struct Scan<'a> {
+    /// The frame as text; empty (so every read fails) if it is not UTF-8.
+    text: &'a str,
     b: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Scan<'a> {
-    /// A scan from the first byte of `frame`.
+    /// A scan from the first byte of `frame`. The frame is checked to be UTF-8 once,
+    /// here; a frame that is not reads as empty and is left to the general path.
     pub fn new(frame: &'a [u8]) -> Self {
-        Scan { b: frame, pos: 0 }
+        let text = std::str::from_utf8(frame).unwrap_or("");
+        Scan { text, b: text.as_bytes(), pos: 0 }
     }
 
     /// Exactly the bytes `s`.
@@ -78,7 +82,7 @@ impl<'a> Scan<'a> {
             n += 1;
         }
         self.pos = start + n + 1;
-        std::str::from_utf8(&rest[..n]).ok()
+        self.text.get(start..start + n)
     }
 
     /// A non-negative integer of at most [`MAX_DIGITS`] digits without a leading zero,
@@ -142,21 +146,24 @@ impl<'a> Scan<'a> {
         Some(match self.peek()? {
             b'{' => {
                 self.pos += 1;
-                let mut map = Map::new();
+                let mut entries = Vec::new();
                 if !self.eat(b"}") {
                     loop {
                         let key = self.str()?;
                         self.lit(b": ")?;
-                        let item = self.value(depth + 1)?;
-                        // `json.loads` keeps the last of repeated keys; leave that to it.
-                        if map.insert(key.to_owned(), item).is_some() {
-                            return None;
-                        }
+                        entries.push((key.to_owned(), self.value(depth + 1)?));
                         if !self.eat(b", ") {
                             self.lit(b"}")?;
                             break;
                         }
                     }
+                }
+                // One sorted build instead of an insert per key.
+                let n = entries.len();
+                let map: Map<String, Value> = entries.into_iter().collect();
+                // `json.loads` keeps the last of repeated keys; leave that to it.
+                if map.len() != n {
+                    return None;
                 }
                 Value::Object(map)
             }
