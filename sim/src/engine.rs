@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use ctlplane_core::ec::readiness::PUSH_WAIT_TIMEOUT;
 use ctlplane_core::regressions::Regressions;
-use ctlplane_core::time::Instant;
 
 use crate::device::{Device, DeviceConfig};
 use crate::faults::{FaultDriver, FaultPlan};
@@ -44,8 +43,9 @@ const MAX_JUMP: Duration = Duration::from_secs(5);
 /// fires at most this late; every protocol timeout is seconds long.
 pub const COALESCE: Duration = Duration::from_millis(10);
 /// Timer slack once the P2P world has stopped: what remains are reaps (1 s), reconnect
-/// attempts to endpoints that are gone (100 ms) and the long EC deadlines (60 s, 300 s).
-pub const COALESCE_QUIET: Duration = Duration::from_millis(250);
+/// attempts to endpoints that are gone (100 ms) and the long EC deadlines (60 s, 300 s),
+/// none of which a second of lateness changes.
+pub const COALESCE_QUIET: Duration = Duration::from_secs(1);
 /// The P2P world is judged this long after the faults heal, then stopped, so the long EC
 /// quiet period (reservation TTLs) runs without its periodic ticks.
 pub const P2P_CHECK_AT: Duration = Duration::from_secs(20 + 45 + 5);
@@ -276,9 +276,4 @@ fn next_tick(sim: &turmoil::Sim<'_>, driver: &FaultDriver, healed: bool, p2p_liv
     // Whole milliseconds (the hosts' timers resolve to one), at least one.
     let ms = gap.as_nanos().div_ceil(FINE_TICK.as_nanos()).max(1) as u32;
     (FINE_TICK * ms).min(MAX_JUMP)
-}
-
-/// `now` of the engine as the core's clock.
-pub fn instant(d: Duration) -> Instant {
-    Instant::from_nanos(d.as_nanos() as u64)
 }
