@@ -117,10 +117,9 @@ fn mark_dead_closing_the_connection_leaks_its_sockets() {
 #[test]
 fn drawn_fault_plans_leave_no_violation_behind() {
     let topo = peers_only(4);
-    // The engine's active phase; the quiet period covers two chained 30 s handshake
-    // deadlines (a lost Connect, then a duplicate-connect race on the reconnect).
+    // The engine's active phase.
     let active = Duration::from_secs(20);
-    let quiet = Duration::from_secs(100);
+    let quiet = p2p::QUIET_PERIOD;
     let mut report = Vec::new();
     for seed in 0..8 {
         let plan = FaultPlan::draw(seed, &topo, active);

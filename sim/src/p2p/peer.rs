@@ -160,13 +160,13 @@ impl Peer {
                 s.session.connection_lost();
             }
         }
-        self.drain_events(now);
+        self.drain_events();
         self.reap(now);
         self.accept(accepted, now);
         self.drive_sessions(now).await;
         self.reap(now);
         if now >= self.next_traffic {
-            self.traffic(now).await;
+            self.traffic().await;
             self.next_traffic = now + Duration::from_millis(self.rng.gen_range(200..800));
         }
         self.reconnect(now).await;
@@ -288,7 +288,7 @@ impl Peer {
                 }
                 s.session.handle_timeout(now);
             }
-            self.drain_events(now);
+            self.drain_events();
             self.flush(&peer).await;
             if let Some(s) = self.sessions.get(&peer) {
                 if !s.session.is_alive() && self.registry.conn_id(&peer) == Some(s.conn) {
@@ -322,14 +322,12 @@ impl Peer {
     }
 
     /// Handles every session's events: handshake progress, role messages, deaths.
-    fn drain_events(&mut self, now: Instant) {
-        let _ = now;
+    fn drain_events(&mut self) {
         let peers: Vec<String> = self.sessions.keys().cloned().collect();
         for peer in peers {
-            loop {
-                let Some(s) = self.sessions.get_mut(&peer) else { break };
-                let Some(event) = s.session.poll_event() else { break };
-                let sid = s.id;
+            while let Some((event, sid)) =
+                self.sessions.get_mut(&peer).and_then(|s| s.session.poll_event().map(|e| (e, s.id)))
+            {
                 let host = host_of(&peer).to_string();
                 match event {
                     SessionEvent::PeerConnected(c) => {
@@ -428,8 +426,7 @@ impl Peer {
     }
 
     /// Seeded requests to some of the peers, and any malformed frames a fault asks for.
-    async fn traffic(&mut self, now: Instant) {
-        let _ = now;
+    async fn traffic(&mut self) {
         let peers: Vec<String> = self.sessions.keys().cloned().collect();
         for peer in peers {
             if let Some(frame) = faults::take_malformed_to(&self.name, host_of(&peer), true) {
