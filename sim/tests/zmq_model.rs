@@ -680,3 +680,49 @@ fn idle_skipping_changes_nothing_observable() {
     // 75 s of simulated time: a fixed 1 ms tick takes 75,000 steps.
     assert!(steps < 5_000, "{steps} steps");
 }
+
+#[test]
+fn blocking_send_waits_for_a_peer_and_disconnect_stops_a_route() {
+    let mut sim = sim();
+    for (name, delay) in [("r1", 0u64), ("r2", 200)] {
+        sim.host(name, move || async move {
+            clock::sleep(ms(delay)).await;
+            let ctx = Context::new(name);
+            let rep = Socket::new(&ctx, SocketType::Rep, SocketOptions::default());
+            rep.bind("tcp://0.0.0.0:5555").await?;
+            loop {
+                let mut m = rep.recv().await?;
+                m.insert(0, name.as_bytes().to_vec());
+                rep.send(m).await?;
+            }
+        });
+    }
+    sim.client("client", async {
+        let ctx = Context::new("client");
+        // IMMEDIATE: no pipe until r2 is up, so send blocks until then.
+        let req = Socket::new(&ctx, SocketType::Req, SocketOptions { immediate: true, ..Default::default() });
+        req.connect("tcp://r2:5555")?;
+        assert_eq!(req.try_send(msg(&["x"])), Err(ZmqError::Again));
+        req.send(msg(&["x"])).await?;
+        assert!(clock::now().as_nanos() >= 200_000_000, "send returned before r2 was up");
+        assert_eq!(text(&recv_within(&req, ms(500)).await.expect("reply")), ["r2", "x"]);
+
+        let dealer = Socket::new(&ctx, SocketType::Dealer, SocketOptions::default());
+        dealer.connect("tcp://r1:5555")?;
+        dealer.connect("tcp://r2:5555")?;
+        wait_peers(&dealer, 2).await;
+        dealer.disconnect("tcp://r1:5555")?;
+        assert!(matches!(dealer.disconnect("tcp://r1:5555"), Err(ZmqError::Invalid(_))));
+        for i in 0..4 {
+            dealer.send(msg(&["", &i.to_string()])).await?;
+        }
+        for i in 0..4 {
+            let reply = recv_within(&dealer, ms(500)).await.expect("reply");
+            assert_eq!(text(&reply), ["".to_string(), "r2".to_string(), i.to_string()]);
+        }
+        clock::sleep(ms(50)).await;
+        assert_eq!(dealer.peer_count(), 1);
+        Ok(())
+    });
+    sim.run().unwrap();
+}
