@@ -13,8 +13,9 @@
 //!
 //! - Reconnects happen every `reconnect_ivl` exactly (libzmq adds up to one interval of
 //!   random jitter); the handshake interval is fixed at 30 s.
-//! - A ROUTER keeps a refused duplicate identity's connection muted for its whole life
-//!   (libzmq may later take one of its messages as an identity once the old pipe is gone).
+//! - A ROUTER drops the messages of a refused duplicate identity's connection for its
+//!   whole life; libzmq leaves them unread in the pipe (it consumed the identity and never
+//!   reads that pipe again), which differs only once that pipe's HWM is reached.
 //! - A second `connect` to the same TCP endpoint is EINVAL (libzmq opens another pipe).
 //! - High-water marks count the messages queued in a pipe; turmoil's per-stream segment
 //!   credit stands in for the kernel's socket buffers behind them.
