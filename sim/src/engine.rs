@@ -41,7 +41,7 @@ const MAX_JUMP: Duration = Duration::from_secs(5);
 /// Timer slack of an idle jump: it lands on the last deadline within this window of the
 /// earliest, so periodic timers of many hosts (P2P manager ticks) share steps. A timer
 /// fires at most this late; every protocol timeout is seconds long.
-pub const COALESCE: Duration = Duration::from_millis(10);
+pub const COALESCE: Duration = Duration::from_millis(25);
 /// Timer slack once the P2P world has stopped: what remains are reaps (1 s), reconnect
 /// attempts to endpoints that are gone (100 ms) and the long EC deadlines (60 s, 300 s),
 /// none of which a second of lateness changes.
