@@ -5,6 +5,7 @@
 //! question: hosts move bytes and time into core machines and carry out what they return.
 //! Everything observable is traced, and the trace hash of a seed is the same on every run.
 
+pub mod catalogue;
 pub mod cli;
 pub mod clock;
 pub mod device;
@@ -13,6 +14,9 @@ pub mod faults;
 pub mod hosts;
 pub mod oracle;
 pub mod p2p;
+pub mod perfetto;
+pub mod scenario;
+pub mod shrink;
 pub mod topology;
 pub mod trace;
 pub mod zmq;

@@ -1,0 +1,210 @@
+//! Scenario names: a plain topology (`full`, `small`) or a race of the catalogue
+//! (`ec-s11`, `p2p-s6`, ...; `ctlplane_core::regressions::RACES`), which resolves to a
+//! topology, the race's regression switches and a fault bias.
+//!
+//! The bias adds faults of the kinds that provoke the race to the seed's own plan, drawn
+//! from the seed on a stream of their own, so a race scenario's plan is still a function of
+//! the seed alone and `ctlsim plan --scenario <race>` prints exactly what a run plays.
+
+use ctlplane_core::regressions::{self, Race, Regressions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::engine::{self, RunConfig, RunReport};
+use crate::faults::{Fault, FaultKind, FaultPlan, Garbage};
+use crate::topology::Topology;
+
+/// RNG stream of the bias faults (apart from every stream `FaultPlan::draw` uses).
+const BIAS_STREAM: u64 = 0xb1a5;
+/// Bias faults added per seed (fewer when they would overlap the plan's own).
+const BIAS_FAULTS: usize = 3;
+/// The topology every race scenario runs on: small enough that one seed takes under a
+/// second, with two ranks (multi-shard races) and two P2P peers.
+pub const RACE_TOPOLOGY: &str = "small";
+
+/// The fault kinds that provoke a race.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bias {
+    /// No extra faults: the seed's plan (and the switch) suffice.
+    None,
+    /// Undecodable frames from a control client to a consumer rank.
+    Malformed,
+    /// Handlers slower than the client timeout.
+    SlowHandler,
+    /// Lost replies: one-way partitions from a rank back to its client.
+    LostReplies,
+    /// Peer restarts racing the other side's poll and teardown.
+    ReconnectRace,
+    /// Peer crashes without FIN, restarting within the heartbeat timeout.
+    PeerCrash,
+}
+
+/// What a scenario name resolves to.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The [`Topology::by_name`] name.
+    pub topology: String,
+    /// The switches the run turns on (all off for a topology or a race ctlplane has).
+    pub regressions: Regressions,
+    /// The race, for a race scenario.
+    pub race: Option<&'static Race>,
+    pub bias: Bias,
+}
+
+/// The bias of a race scenario.
+pub fn bias_of(scenario: &str) -> Bias {
+    match scenario {
+        "ec-s1" => Bias::Malformed,
+        "ec-s9" => Bias::SlowHandler,
+        "ec-s10" | "ec-s16" | "ec-s17" => Bias::LostReplies,
+        "p2p-s1" | "p2p-s2" | "p2p-s4" | "p2p-s5" | "p2p-s6" => Bias::ReconnectRace,
+        "p2p-s3" | "p2p-s7" => Bias::PeerCrash,
+        _ => Bias::None,
+    }
+}
+
+/// Resolves a scenario name: a topology name or a race of the catalogue.
+pub fn resolve(name: &str) -> Option<Resolved> {
+    if Topology::by_name(name).is_some() {
+        return Some(Resolved {
+            topology: name.to_string(),
+            regressions: Regressions::default(),
+            race: None,
+            bias: Bias::None,
+        });
+    }
+    let race = regressions::race(name)?;
+    Some(Resolved {
+        topology: RACE_TOPOLOGY.to_string(),
+        regressions: race.regressions(),
+        race: Some(race),
+        bias: bias_of(name),
+    })
+}
+
+/// Every scenario name: the topologies, then the races.
+pub fn names() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = Topology::names().to_vec();
+    v.extend(regressions::RACES.iter().map(|r| r.scenario));
+    v
+}
+
+/// The topology of a scenario name.
+pub fn topology(name: &str) -> Option<Topology> {
+    resolve(name).and_then(|r| Topology::by_name(&r.topology))
+}
+
+/// The fault plan `seed` plays in scenario `name`: the topology's own draw plus the race's
+/// bias faults.
+pub fn plan(seed: u64, name: &str) -> Option<FaultPlan> {
+    let r = resolve(name)?;
+    let topo = Topology::by_name(&r.topology)?;
+    let mut plan = FaultPlan::draw(seed, &topo, engine::ACTIVE);
+    add_bias(&mut plan, r.bias, &topo);
+    Some(plan)
+}
+
+/// Runs `cfg` with its scenario resolved: a race scenario runs on its topology with its
+/// switches and (unless `cfg.plan` is given) its biased plan. An unknown name runs as the
+/// engine runs it (a `config` violation).
+pub fn run(cfg: &RunConfig) -> RunReport {
+    run_switched(cfg, true)
+}
+
+/// [`run`], with the race's switches on (`switched`) or every switch off (the fix).
+pub fn run_switched(cfg: &RunConfig, switched: bool) -> RunReport {
+    let Some(r) = resolve(&cfg.scenario) else { return engine::run(cfg) };
+    let plan = cfg.plan.clone().or_else(|| plan(cfg.seed, &cfg.scenario));
+    let inner = RunConfig { seed: cfg.seed, scenario: r.topology.clone(), plan, keep_trace: cfg.keep_trace };
+    let regs = if switched { r.regressions } else { Regressions::default() };
+    let mut report = engine::run_with(&inner, &regs);
+    report.scenario = cfg.scenario.clone();
+    report
+}
+
+fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
+    if bias == Bias::None {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(plan.seed);
+    rng.set_stream(BIAS_STREAM);
+    let horizon = engine::ACTIVE.as_millis() as u64;
+    let ranks: Vec<String> = topo.ranks().iter().map(|(_, _, h)| h.to_string()).collect();
+    let clients: Vec<String> = topo.producers.iter().chain(&topo.schedulers).cloned().collect();
+    let peers = &topo.p2p_peers;
+    let pick = |rng: &mut ChaCha8Rng, v: &[String]| -> Option<String> {
+        (!v.is_empty()).then(|| v[rng.gen_range(0..v.len())].clone())
+    };
+    for _ in 0..BIAS_FAULTS {
+        let kind = match bias {
+            Bias::None => return,
+            Bias::Malformed => {
+                let (Some(from), Some(to)) = (pick(&mut rng, &clients), pick(&mut rng, &ranks)) else { return };
+                FaultKind::Malformed { from, to, count: rng.gen_range(1..=3), garbage: Garbage::NotJson }
+            }
+            Bias::SlowHandler => {
+                let Some(host) = pick(&mut rng, &ranks) else { return };
+                FaultKind::SlowHandler {
+                    host,
+                    delay_ms: rng.gen_range(31_000..=40_000),
+                    for_ms: rng.gen_range(2_000..=8_000),
+                }
+            }
+            Bias::LostReplies => {
+                let (Some(from), Some(to)) = (pick(&mut rng, &ranks), pick(&mut rng, &topo.producers)) else { return };
+                FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) }
+            }
+            Bias::ReconnectRace | Bias::PeerCrash => {
+                let Some(host) = pick(&mut rng, peers) else { return };
+                let others: Vec<String> = peers.iter().filter(|p| **p != host).cloned().collect();
+                let Some(peer) = pick(&mut rng, &others) else { return };
+                if bias == Bias::PeerCrash {
+                    FaultKind::Crash { host, down_ms: rng.gen_range(500..=5_000) }
+                } else {
+                    let partition_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(100..=3_000) };
+                    FaultKind::ReconnectRace { host, peer, partition_ms, gap_ms: rng.gen_range(0..=50) }
+                }
+            }
+        };
+        let span = kind.span_ms();
+        if span >= horizon {
+            continue;
+        }
+        let at_ms = rng.gen_range(1_000..horizon - span);
+        let mut candidate = plan.clone();
+        candidate.faults.push(Fault { at_ms, kind });
+        candidate.faults.sort_by_key(|f| f.at_ms);
+        // Keep a bias fault only where it fits (no two faults hold one link or host).
+        if candidate.validate(topo).is_ok() {
+            *plan = candidate;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn race_names_resolve_to_their_switches() {
+        let r = resolve("ec-s11").expect("a race of the catalogue");
+        assert_eq!(r.topology, RACE_TOPOLOGY);
+        assert!(!r.regressions.is_fixed());
+        assert!(resolve("p2p-s5").is_some_and(|r| r.regressions.is_fixed()));
+        assert!(resolve("full").is_some_and(|r| r.race.is_none()));
+        assert!(resolve("nope").is_none());
+    }
+
+    #[test]
+    fn a_race_plan_is_the_seed_plan_plus_valid_bias_faults() {
+        let topo = Topology::small();
+        for seed in 0..20 {
+            let base = FaultPlan::draw(seed, &topo, engine::ACTIVE);
+            let biased = plan(seed, "ec-s1").expect("known");
+            assert!(biased.validate(&topo).is_ok());
+            assert!(biased.faults.len() >= base.faults.len());
+            assert_eq!(plan(seed, "ec-s1"), Some(biased), "deterministic");
+        }
+        assert_eq!(plan(3, "small"), Some(FaultPlan::draw(3, &topo, engine::ACTIVE)));
+    }
+}
