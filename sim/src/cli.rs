@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
 
-use crate::engine::{self, RunConfig, RunReport};
+use crate::engine::{RunConfig, RunReport};
 use crate::faults::{FaultError, FaultPlan};
 use crate::oracle::Violation;
 use crate::topology::Topology;
@@ -40,6 +40,10 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Print the fault plan a seed draws, as JSON (loadable with --plan).
     Plan(PlanArgs),
+    /// Find every race of the catalogue with its switch on, and check the fix passes.
+    Catalogue(crate::catalogue::CatalogueArgs),
+    /// Minimise a failing seed's fault plan while the same oracle fires.
+    Shrink(crate::shrink::ShrinkArgs),
 }
 
 #[derive(Debug, Args)]
@@ -59,6 +63,9 @@ pub struct RunArgs {
     /// Write every trace event to FILE as JSON lines.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Write the trace as Chrome trace-event JSON (ui.perfetto.dev) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub perfetto: Option<PathBuf>,
     /// Run this fault plan (JSON, as `ctlsim plan` prints it) instead of the seed's own.
     #[arg(long, value_name = "FILE")]
     pub plan: Option<PathBuf>,
@@ -74,6 +81,9 @@ pub struct ReplayArgs {
     /// Write every trace event to FILE as JSON lines.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Write the trace as Chrome trace-event JSON (ui.perfetto.dev) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub perfetto: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -131,7 +141,7 @@ fn parse_shard(s: &str) -> Result<(u64, u64), String> {
 /// A usage or I/O problem: exit code 2.
 #[derive(Debug, Error)]
 pub enum CliError {
-    #[error("unknown scenario {0:?} (known: {known})", known = Topology::names().join(", "))]
+    #[error("unknown scenario {0:?} (known: {known})", known = crate::scenario::names().join(", "))]
     UnknownScenario(String),
     #[error("cannot read plan {path}: {source}")]
     ReadPlan { path: PathBuf, source: std::io::Error },
@@ -141,6 +151,8 @@ pub enum CliError {
     PlanSeed { path: PathBuf, plan: u64, seed: u64 },
     #[error("cannot write trace {path}: {source}")]
     WriteTrace { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Shrink(#[from] crate::shrink::ShrinkError),
 }
 
 /// Parses the arguments, runs the command, and returns the process exit code.
@@ -162,24 +174,26 @@ pub fn execute(command: Command, out: &mut impl Write) -> Result<bool, CliError>
     match command {
         Command::Run(a) => {
             let plan = load_plan(a.plan.as_deref(), &a.world)?;
-            one(&a.world, plan, a.plan.as_deref(), a.trace.as_deref(), false, out)
+            one(&a.world, plan, a.plan.as_deref(), (a.trace.as_deref(), a.perfetto.as_deref()), false, out)
         }
         Command::Replay(a) => {
             let plan = load_plan(a.plan.as_deref(), &a.world)?;
-            one(&a.world, plan, a.plan.as_deref(), a.trace.as_deref(), true, out)
+            one(&a.world, plan, a.plan.as_deref(), (a.trace.as_deref(), a.perfetto.as_deref()), true, out)
         }
         Command::Plan(a) => {
-            let topo = topology(&a.world.scenario)?;
-            let plan = FaultPlan::draw(a.world.seed, &topo, engine::ACTIVE);
+            let plan = crate::scenario::plan(a.world.seed, &a.world.scenario)
+                .ok_or_else(|| CliError::UnknownScenario(a.world.scenario.clone()))?;
             let _ = writeln!(out, "{}", plan.to_json());
             Ok(true)
         }
         Command::Sweep(a) => sweep(&a, out),
+        Command::Catalogue(a) => crate::catalogue::execute(&a, out),
+        Command::Shrink(a) => crate::shrink::execute(&a, out),
     }
 }
 
 fn topology(scenario: &str) -> Result<Topology, CliError> {
-    Topology::by_name(scenario).ok_or_else(|| CliError::UnknownScenario(scenario.to_string()))
+    crate::scenario::topology(scenario).ok_or_else(|| CliError::UnknownScenario(scenario.to_string()))
 }
 
 fn load_plan(path: Option<&Path>, world: &World) -> Result<Option<FaultPlan>, CliError> {
@@ -205,7 +219,7 @@ pub fn replay_command(seed: u64, scenario: &str, plan: Option<&Path>) -> String 
 /// Runs one seed, catching a panic as a failed run.
 fn run_seed(seed: u64, scenario: &str, plan: Option<FaultPlan>, keep_trace: bool) -> Result<RunReport, String> {
     let config = RunConfig { seed, scenario: scenario.to_string(), plan, keep_trace };
-    std::panic::catch_unwind(|| engine::run(&config)).map_err(|p| {
+    std::panic::catch_unwind(|| crate::scenario::run(&config)).map_err(|p| {
         p.downcast_ref::<String>()
             .cloned()
             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
@@ -217,18 +231,21 @@ fn one(
     world: &World,
     plan: Option<FaultPlan>,
     plan_path: Option<&Path>,
-    trace_path: Option<&Path>,
+    (trace_path, perfetto_path): (Option<&Path>, Option<&Path>),
     print_plan: bool,
     out: &mut impl Write,
 ) -> Result<bool, CliError> {
-    let topo = topology(&world.scenario)?;
+    topology(&world.scenario)?;
     let seed = world.seed;
     if print_plan {
-        let shown = plan.clone().unwrap_or_else(|| FaultPlan::draw(seed, &topo, engine::ACTIVE));
+        let shown = plan
+            .clone()
+            .or_else(|| crate::scenario::plan(seed, &world.scenario))
+            .unwrap_or_else(|| FaultPlan::none(seed));
         let _ = writeln!(out, "plan:\n{}", shown.to_json());
     }
     let wall = Instant::now();
-    let report = match run_seed(seed, &world.scenario, plan, trace_path.is_some()) {
+    let report = match run_seed(seed, &world.scenario, plan, trace_path.is_some() || perfetto_path.is_some()) {
         Ok(r) => r,
         Err(panic) => {
             let _ = writeln!(out, "seed {seed} ({}): the run panicked: {panic}", world.scenario);
@@ -244,6 +261,11 @@ fn one(
             .trace
             .write_jsonl(&mut w)
             .and_then(|()| w.flush())
+            .map_err(|source| CliError::WriteTrace { path: path.into(), source })?;
+    }
+    if let Some(path) = perfetto_path {
+        std::fs::File::create(path)
+            .and_then(|f| crate::perfetto::write(&report.trace, &mut std::io::BufWriter::new(f)))
             .map_err(|source| CliError::WriteTrace { path: path.into(), source })?;
     }
     let _ = writeln!(
