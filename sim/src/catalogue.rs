@@ -78,7 +78,7 @@ pub fn check_race(race: &'static Race, first: u64, cap: u64) -> RaceResult {
 pub fn run(only: &[String], first: u64, cap: u64, out: &mut impl Write) -> Vec<RaceResult> {
     let _ = writeln!(
         out,
-        "{:<9} {:<24} {:>6} {:>9} {:<24} {:>11} {:>8}",
+        "{:<9} {:<36} {:>6} {:>9} {:<24} {:>11} {:>8}",
         "scenario", "switch", "seed", "seeds", "oracle", "fixed pass", "wall s"
     );
     let mut rows = Vec::new();
@@ -96,7 +96,7 @@ pub fn run(only: &[String], first: u64, cap: u64, out: &mut impl Write) -> Vec<R
         };
         let _ = writeln!(
             out,
-            "{:<9} {:<24} {:>6} {:>9} {:<24} {:>11} {:>8.1}{}",
+            "{:<9} {:<36} {:>6} {:>9} {:<24} {:>11} {:>8.1}{}",
             r.scenario,
             switch,
             seed,

@@ -1,0 +1,36 @@
+//! A CI-sized part of `ctlsim catalogue`: races the simulator finds within a few seeds
+//! with their switch on must be found, and the same seeds must pass with every switch off.
+//! The full catalogue (every race, 200 seeds) and its wall time are in `docs/races.md`.
+
+use ctlplane_core::regressions::race;
+use ctlplane_sim::catalogue::{self, check_race};
+
+/// Races found within this many seeds on this build.
+const CAP: u64 = 5;
+const CI_RACES: &[&str] = &["ec-s1", "ec-s6"];
+
+#[test]
+fn ci_races_are_found_with_the_switch_and_pass_with_the_fix() {
+    for name in CI_RACES {
+        let r = check_race(race(name).expect("in the catalogue"), 0, CAP);
+        let (seed, _) = r.found.unwrap_or_else(|| panic!("{name} not found within {CAP} seeds"));
+        let oracle = r.oracle.clone().expect("an oracle fired");
+        assert!(race(name).is_some_and(|r| r.oracles.contains(&oracle.as_str())), "{name}: {oracle}");
+        assert!(r.switched);
+        assert_eq!(r.fixed_runs, seed + 1, "every searched seed reran with the fix");
+        assert!(r.fixed_failures.is_empty(), "{name} fails with the fix: {:?}", r.fixed_failures);
+        assert!(r.ok());
+    }
+}
+
+#[test]
+fn the_table_has_a_row_per_race_and_a_summary() {
+    let mut out = Vec::new();
+    let only: Vec<String> = vec!["ec-s6".to_string()];
+    let rows = catalogue::run(&only, 0, 2, &mut out);
+    let text = String::from_utf8(out).expect("utf-8");
+    assert_eq!(rows.len(), 1);
+    assert!(text.contains("ec-s6") && text.contains("s6_base_shard_only"), "{text}");
+    assert!(text.contains("accept-before-ready"), "{text}");
+    assert!(text.contains("1/1 races found within 2 seeds"), "{text}");
+}
