@@ -123,7 +123,7 @@ fn switch_name(race: &Race) -> String {
     let r = race.regressions();
     let d = format!("{r:?}");
     // The field set to `true` or `Some(..)`.
-    for part in d.split(|c| c == '{' || c == ',' || c == '}') {
+    for part in d.split(['{', ',', '}']) {
         let part = part.trim();
         if let Some((k, v)) = part.split_once(':') {
             let v = v.trim();
