@@ -147,6 +147,11 @@ pub fn in_flight_pairs() -> (Vec<(IpAddr, IpAddr)>, bool) {
     })
 }
 
+/// Bytes on the wire per host pair (see [`in_flight_pairs`]).
+pub fn in_flight_counts() -> Vec<((IpAddr, IpAddr), i64)> {
+    STATE.with(|s| s.borrow().in_flight.iter().map(|(k, v)| (*k, *v)).collect())
+}
+
 /// The activity counter (see [`note_activity`]).
 pub fn activity() -> u64 {
     STATE.with(|s| s.borrow().activity)

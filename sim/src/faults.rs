@@ -29,8 +29,10 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(10_000);
 /// `control_timeout_s` of the EC clients (spec ec 9): a handler slower than this makes the
 /// client give up and discard its REQ socket.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often a simulated P2P peer polls its transport (one manager tick).
-pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How often a simulated P2P peer polls its transport when nothing arrives (one manager
+/// tick). Mainline polls once per engine scheduler step (spec 3.4: 0.45-0.6 s per hop on a
+/// busy rank); 50 ms is a lightly loaded engine's step. A readable ROUTER wakes it sooner.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Why a plan could not be loaded or does not fit a topology.
 #[derive(Debug, Error)]
