@@ -22,7 +22,11 @@
 //! - An inproc `connect` before the `bind` is ECONNREFUSED; inproc pipes emit no monitor
 //!   events.
 //! - While a connection's inbox is at RCVHWM it reads nothing, so the bytes behind stay
-//!   "in flight" for the engine's clock, which then steps finely until the reader drains.
+//!   "in flight" for the engine's clock until it sees them stalled (no read for 20 ms).
+//! - When a connection ends, messages it delivered that the application has not read yet
+//!   are dropped with its pipe; libzmq lets the reader take them before the pipe's
+//!   delimiter. A peer's last message before it disconnects (a P2P Disconnect) can
+//!   therefore be missed, which costs that pair a handshake deadline in the simulation.
 
 mod connection;
 mod context;
