@@ -83,3 +83,38 @@ fn ec_s1_export_shows_the_unanswered_request_arriving() {
     );
     assert!(events(&doc).iter().any(|e| e["ph"] == "i" && e["cat"] == "fault.malformed"), "the fault is shown");
 }
+
+/// The thread of `host`'s socket of `kind` (`"sock N KIND"`).
+fn socket_thread(doc: &Value, pid: u64, kind: &str) -> Vec<u64> {
+    events(doc)
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["pid"] == pid)
+        .filter(|e| e["args"]["name"].as_str().is_some_and(|n| n.ends_with(&format!(" {kind}"))))
+        .filter_map(|e| e["tid"].as_u64())
+        .collect()
+}
+
+#[test]
+fn ec_s6_export_shows_readiness_from_the_base_shard_only() {
+    let (v, doc) = failing("ec-s6", 0, "accept-before-ready");
+    flows_are_paired(&doc);
+    let scheduler = pid_of(&doc, &v.host);
+    let at = v.t_ns as f64 / 1000.0;
+    let flows_from = |host: &str| -> Vec<(f64, u64)> {
+        let pid = pid_of(&doc, host);
+        let push = socket_thread(&doc, pid, "PUSH");
+        assert_eq!(push.len(), 1, "{host} has one PUSH socket");
+        events(&doc)
+            .iter()
+            .filter(|s| s["ph"] == "s" && s["pid"] == pid && s["tid"].as_u64() == Some(push[0]))
+            .filter_map(|s| events(&doc).iter().find(|f| f["ph"] == "f" && f["id"] == s["id"]))
+            .filter(|f| f["pid"] == scheduler)
+            .map(|f| (f["ts"].as_f64().unwrap_or(f64::MAX), f["id"].as_u64().unwrap_or(0)))
+            .collect()
+    };
+    let base = flows_from("consumer0-r0");
+    assert!(base.iter().any(|(ts, _)| *ts <= at), "rank 0's readiness reached the scheduler before the accept");
+    let other = flows_from("consumer0-r1");
+    assert!(other.iter().all(|(ts, _)| *ts > at), "rank 1's readiness had not arrived when the item was accepted");
+    assert!(events(&doc).iter().any(|e| e["ph"] == "i" && e["name"] == "violation accept-before-ready"));
+}
