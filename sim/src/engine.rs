@@ -109,25 +109,17 @@ pub fn run_with(cfg: &RunConfig, regressions: &Regressions) -> RunReport {
     let Some(topo) = Topology::by_name(&cfg.scenario) else {
         let plan = cfg.plan.clone().unwrap_or_else(|| FaultPlan::none(cfg.seed));
         oracle::violate_at(0, "config", "engine", format!("unknown scenario {:?}", cfg.scenario));
-        let violations = oracle::take();
-        let trace = trace::take();
-        let trace_hash = trace.hash();
-        return RunReport {
-            seed: cfg.seed,
-            scenario: cfg.scenario.clone(),
-            plan,
-            violations,
-            trace,
-            trace_hash,
-            sim_time: Duration::ZERO,
-            steps: 0,
-            stats: BTreeMap::new(),
-        };
+        return report(cfg, plan, Duration::ZERO, 0, BTreeMap::new());
     };
     let plan = cfg.plan.clone().unwrap_or_else(|| FaultPlan::draw(cfg.seed, &topo, ACTIVE));
     let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan, regressions);
     stats.insert("steps".to_string(), steps);
     stats.insert("trace.events".to_string(), trace::count());
+    report(cfg, plan, sim_time, steps, stats)
+}
+
+/// Collects the run's verdict and trace into its report.
+fn report(cfg: &RunConfig, plan: FaultPlan, sim_time: Duration, steps: u64, stats: BTreeMap<String, u64>) -> RunReport {
     let violations = oracle::take();
     let trace = trace::take();
     let trace_hash = trace.hash();
