@@ -433,6 +433,90 @@ impl ser::SerializeStructVariant for Compound<'_, '_> {
     }
 }
 
+/// The associated types and the refusals shared by the scalar-only serializers below: any
+/// value they cannot write sends the whole document to the general path.
+macro_rules! scalar_only_serializer {
+    () => {
+        type Ok = ();
+        type Error = Fallback;
+        type SerializeSeq = Impossible<(), Fallback>;
+        type SerializeTuple = Impossible<(), Fallback>;
+        type SerializeTupleStruct = Impossible<(), Fallback>;
+        type SerializeTupleVariant = Impossible<(), Fallback>;
+        type SerializeMap = Impossible<(), Fallback>;
+        type SerializeStruct = Impossible<(), Fallback>;
+        type SerializeStructVariant = Impossible<(), Fallback>;
+
+        fn serialize_f32(self, _v: f32) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_f64(self, _v: f64) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_bytes(self, _v: &[u8]) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_none(self) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_unit(self) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_unit_struct(self, _name: &'static str) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_newtype_variant<T: Serialize + ?Sized>(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _value: &T,
+        ) -> Result<(), Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_tuple_struct(
+            self,
+            _name: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeTupleStruct, Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_tuple_variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeTupleVariant, Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeStruct, Fallback> {
+            Err(Fallback)
+        }
+        fn serialize_struct_variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeStructVariant, Fallback> {
+            Err(Fallback)
+        }
+    };
+}
+
 /// Map keys as `serde_json` writes them: strings, and integers and bools in quotes.
 /// Every other key is left to the general writer (which quotes finite floats and refuses
 /// the rest).
@@ -450,16 +534,6 @@ impl MapKey<'_> {
 }
 
 impl ser::Serializer for MapKey<'_> {
-    type Ok = ();
-    type Error = Fallback;
-    type SerializeSeq = Impossible<(), Fallback>;
-    type SerializeTuple = Impossible<(), Fallback>;
-    type SerializeTupleStruct = Impossible<(), Fallback>;
-    type SerializeTupleVariant = Impossible<(), Fallback>;
-    type SerializeMap = Impossible<(), Fallback>;
-    type SerializeStruct = Impossible<(), Fallback>;
-    type SerializeStructVariant = Impossible<(), Fallback>;
-
     fn serialize_str(self, v: &str) -> Result<(), Fallback> {
         write_str(self.out, v);
         Ok(())
@@ -500,69 +574,7 @@ impl ser::Serializer for MapKey<'_> {
     fn serialize_u64(self, v: u64) -> Result<(), Fallback> {
         self.quoted(|out| write_u64(out, v))
     }
-    fn serialize_f32(self, _v: f32) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_f64(self, _v: f64) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_bytes(self, _v: &[u8]) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_none(self) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_unit(self) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _value: &T,
-    ) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeTupleStruct, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeStruct, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, Fallback> {
-        Err(Fallback)
-    }
+    scalar_only_serializer!();
 }
 
 /// The digits of an `arbitrary_precision` number, written bare.
@@ -571,16 +583,6 @@ struct Digits<'a> {
 }
 
 impl ser::Serializer for Digits<'_> {
-    type Ok = ();
-    type Error = Fallback;
-    type SerializeSeq = Impossible<(), Fallback>;
-    type SerializeTuple = Impossible<(), Fallback>;
-    type SerializeTupleStruct = Impossible<(), Fallback>;
-    type SerializeTupleVariant = Impossible<(), Fallback>;
-    type SerializeMap = Impossible<(), Fallback>;
-    type SerializeStruct = Impossible<(), Fallback>;
-    type SerializeStructVariant = Impossible<(), Fallback>;
-
     fn serialize_str(self, v: &str) -> Result<(), Fallback> {
         self.out.extend_from_slice(v.as_bytes());
         Ok(())
@@ -621,69 +623,7 @@ impl ser::Serializer for Digits<'_> {
     fn serialize_u64(self, _v: u64) -> Result<(), Fallback> {
         Err(Fallback)
     }
-    fn serialize_f32(self, _v: f32) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_f64(self, _v: f64) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_bytes(self, _v: &[u8]) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_none(self) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_unit(self) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _value: &T,
-    ) -> Result<(), Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeTupleStruct, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeStruct, Fallback> {
-        Err(Fallback)
-    }
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, Fallback> {
-        Err(Fallback)
-    }
+    scalar_only_serializer!();
 }
 
 #[cfg(test)]
