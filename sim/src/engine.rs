@@ -19,10 +19,11 @@ use std::time::Duration;
 use ctlplane_core::ec::readiness::PUSH_WAIT_TIMEOUT;
 use ctlplane_core::regressions::Regressions;
 
-use crate::device::{Device, DeviceConfig};
+use crate::device::Device;
 use crate::faults::{FaultDriver, FaultPlan};
-use crate::hosts::workload::{self, WorkloadConfig};
+use crate::hosts::workload;
 use crate::hosts::world::{self, stream, World};
+use crate::knobs::Knobs;
 use crate::topology::Topology;
 use crate::{clock, oracle, trace};
 
@@ -103,6 +104,11 @@ pub fn run(cfg: &RunConfig) -> RunReport {
 /// [`run`] with historical behaviours switched on in the core machines (the race
 /// catalogue, `docs/races.md`): the oracles a race names must then fire for some seed.
 pub fn run_with(cfg: &RunConfig, regressions: &Regressions) -> RunReport {
+    run_tuned(cfg, regressions, &Knobs::default())
+}
+
+/// [`run_with`] in a world whose settings a scenario changed (`crate::knobs`).
+pub fn run_tuned(cfg: &RunConfig, regressions: &Regressions, knobs: &Knobs) -> RunReport {
     clock::reset();
     trace::reset(cfg.keep_trace);
     oracle::reset();
@@ -112,7 +118,7 @@ pub fn run_with(cfg: &RunConfig, regressions: &Regressions) -> RunReport {
         return report(cfg, plan, Duration::ZERO, 0, BTreeMap::new());
     };
     let plan = cfg.plan.clone().unwrap_or_else(|| FaultPlan::draw(cfg.seed, &topo, ACTIVE));
-    let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan, regressions);
+    let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan, regressions, knobs);
     stats.insert("steps".to_string(), steps);
     stats.insert("trace.events".to_string(), trace::count());
     report(cfg, plan, sim_time, steps, stats)
@@ -141,15 +147,16 @@ fn run_world(
     topo: &Topology,
     plan: &FaultPlan,
     regressions: &Regressions,
+    knobs: &Knobs,
 ) -> (u64, Duration, BTreeMap<String, u64>) {
     let requests = workload::draw(
-        &WorkloadConfig::default(),
+        &knobs.workload,
         topo.consumers.len(),
         topo.producers.len(),
         &mut world::rng(seed, stream::WORKLOAD, 0),
     );
-    let device = Device::new(DeviceConfig::default(), world::rng(seed, stream::DEVICE, 0));
-    world::install(World::new(topo.clone(), seed, *regressions, requests, device));
+    let device = Device::new(knobs.device.clone(), world::rng(seed, stream::DEVICE, 0));
+    world::install(World::new(topo.clone(), seed, *regressions, knobs.clone(), requests, device));
     let mut sim = turmoil::Builder::new()
         .rng_seed(rand::RngCore::next_u64(&mut world::rng(seed, stream::TURMOIL, 0)))
         .min_message_latency(LINK_LATENCY)

@@ -12,6 +12,7 @@ pub mod device;
 pub mod engine;
 pub mod faults;
 pub mod hosts;
+pub mod knobs;
 pub mod oracle;
 pub mod p2p;
 pub mod perfetto;

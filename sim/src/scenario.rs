@@ -12,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{self, RunConfig, RunReport};
 use crate::faults::{Fault, FaultKind, FaultPlan, Garbage};
+use crate::knobs::Knobs;
 use crate::topology::Topology;
 
 /// RNG stream of the bias faults (apart from every stream `FaultPlan::draw` uses).
@@ -49,6 +50,8 @@ pub struct Resolved {
     /// The race, for a race scenario.
     pub race: Option<&'static Race>,
     pub bias: Bias,
+    /// The world settings both the switched and the fixed run use.
+    pub knobs: Knobs,
 }
 
 /// The bias of a race scenario.
@@ -63,6 +66,11 @@ pub fn bias_of(scenario: &str) -> Bias {
     }
 }
 
+/// The world settings of a race scenario (production's for the rest).
+pub fn knobs_of(_scenario: &str) -> Knobs {
+    Knobs::default()
+}
+
 /// Resolves a scenario name: a topology name or a race of the catalogue.
 pub fn resolve(name: &str) -> Option<Resolved> {
     if Topology::by_name(name).is_some() {
@@ -71,6 +79,7 @@ pub fn resolve(name: &str) -> Option<Resolved> {
             regressions: Regressions::default(),
             race: None,
             bias: Bias::None,
+            knobs: Knobs::default(),
         });
     }
     let race = regressions::race(name)?;
@@ -79,6 +88,7 @@ pub fn resolve(name: &str) -> Option<Resolved> {
         regressions: race.regressions(),
         race: Some(race),
         bias: bias_of(name),
+        knobs: knobs_of(name),
     })
 }
 
@@ -117,7 +127,7 @@ pub fn run_switched(cfg: &RunConfig, switched: bool) -> RunReport {
     let plan = cfg.plan.clone().or_else(|| plan(cfg.seed, &cfg.scenario));
     let inner = RunConfig { seed: cfg.seed, scenario: r.topology.clone(), plan, keep_trace: cfg.keep_trace };
     let regs = if switched { r.regressions } else { Regressions::default() };
-    let mut report = engine::run_with(&inner, &regs);
+    let mut report = engine::run_tuned(&inner, &regs, &r.knobs);
     report.scenario = cfg.scenario.clone();
     report
 }

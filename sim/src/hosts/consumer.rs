@@ -33,11 +33,11 @@ const BIND_ATTEMPTS: u32 = 50;
 /// Runs one rank until its serving loop fails; turmoil restarts it on `bounce`.
 pub async fn run(host: String) -> turmoil::Result {
     let incarnation = world::start_incarnation(&host);
-    let Some((spec, rank, consumer, index, seed, regressions)) = world::with(|w| {
+    let Some((spec, rank, consumer, index, seed, regressions, max_pending_events)) = world::with(|w| {
         let (spec, rank) = w.topo.rank_of(&host)?;
         let consumer = w.topo.consumers.iter().position(|c| c.name == spec.name)?;
         let index = w.topo.ranks().iter().position(|(_, _, h)| *h == host)?;
-        Some((spec.clone(), rank, consumer, index, w.seed, w.regressions))
+        Some((spec.clone(), rank, consumer, index, w.seed, w.regressions, w.knobs.max_pending_events))
     }) else {
         return Ok(());
     };
@@ -51,6 +51,9 @@ pub async fn run(host: String) -> turmoil::Result {
     config.slab_base = slab_base;
     config.regressions = regressions.shard;
     config.book.regressions = regressions.book;
+    if let Some(n) = max_pending_events {
+        config.max_pending_events = n;
+    }
     let rng = world::rng(seed, stream::SHARD, (index as u64) << 32 | u64::from(incarnation));
     let shard = Rc::new(RefCell::new(ConsumerShard::new(config, rng, clock::now())));
 

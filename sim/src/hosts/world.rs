@@ -18,6 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::workload::Request;
 use crate::device::Device;
+use crate::knobs::Knobs;
 use crate::topology::Topology;
 
 /// A consumer rank's control shard, shared by its serving loop and the scheduler's loads.
@@ -76,6 +77,8 @@ pub struct World {
     pub seed: u64,
     /// Historical behaviours switched on in the core machines (all off by default).
     pub regressions: Regressions,
+    /// The scenario's world settings.
+    pub knobs: Knobs,
     pub workload: Rc<Vec<Request>>,
     /// transfer id -> (request, item).
     pub items: BTreeMap<String, (usize, usize)>,
@@ -100,7 +103,14 @@ thread_local! {
 
 impl World {
     /// A fresh world for a run.
-    pub fn new(topo: Topology, seed: u64, regressions: Regressions, workload: Vec<Request>, device: Device) -> Self {
+    pub fn new(
+        topo: Topology,
+        seed: u64,
+        regressions: Regressions,
+        knobs: Knobs,
+        workload: Vec<Request>,
+        device: Device,
+    ) -> Self {
         let mut items = BTreeMap::new();
         for (r, req) in workload.iter().enumerate() {
             for (i, item) in req.items.iter().enumerate() {
@@ -113,6 +123,7 @@ impl World {
             topo,
             seed,
             regressions,
+            knobs,
             workload: Rc::new(workload),
             items,
             requests,

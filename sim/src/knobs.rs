@@ -1,0 +1,20 @@
+//! Settings of the simulated world that a scenario may change beyond its regression
+//! switches and fault bias: the workload's shape, the device's timing, a tighter bound.
+//! The defaults are the production values every plain topology runs with; a race scenario
+//! (`crate::scenario`) changes only what makes its race reachable, and its fixed run uses
+//! the same knobs, so a difference between the two runs is the switch alone.
+
+use crate::device::DeviceConfig;
+use crate::hosts::workload::WorkloadConfig;
+
+/// Per-scenario world settings.
+#[derive(Clone, Debug, Default)]
+pub struct Knobs {
+    /// Which requests arrive, when, and what they carry.
+    pub workload: WorkloadConfig,
+    /// Write timing and failure rate of the data plane.
+    pub device: DeviceConfig,
+    /// Event backlog bound of every shard (`ShardConfig::max_pending_events`); `None`
+    /// keeps the shard's default.
+    pub max_pending_events: Option<usize>,
+}
