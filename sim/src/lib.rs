@@ -16,6 +16,7 @@ pub mod knobs;
 pub mod oracle;
 pub mod p2p;
 pub mod perfetto;
+pub mod release;
 pub mod scenario;
 pub mod shrink;
 pub mod topology;

@@ -137,7 +137,9 @@ pub fn check_step(now_ns: u64) {
 /// within `push_wait_timeout` plus slack (`request-resolves`), and no reservation of the
 /// workload still WRITING or READY on a live rank, since the TTL moves both on
 /// (`reservation-released`). Deferred reservations are the reference's documented leak when a
-/// producer can no longer abandon (races S10, S11); they are counted, not flagged.
+/// producer can no longer abandon (races S10, S11); they are counted, and flagged only when
+/// their producer finished the push without sending this rank an abandon
+/// ([`crate::release::never_abandoned`]).
 pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<String, u64> {
     let mut stats = BTreeMap::new();
     let bound = (push_wait_timeout + RESOLVE_SLACK).as_nanos() as u64;
@@ -169,8 +171,16 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
                 Some(state @ (State::Writing | State::Ready)) => {
                     violate_at(now_ns, "reservation-released", &host, format!("{tid} still {state} after its TTL"));
                 }
-                Some(State::CancelPending | State::ExpirePending) => {
+                Some(state @ (State::CancelPending | State::ExpirePending)) => {
                     *stats.entry("reservations.deferred_at_end".to_string()).or_default() += 1;
+                    if crate::release::never_abandoned(&host, tid) {
+                        violate_at(
+                            now_ns,
+                            "reservation-released",
+                            &host,
+                            format!("{tid} still {state}, pinned for good: its producer finished without abandoning it here"),
+                        );
+                    }
                 }
                 _ => {}
             }

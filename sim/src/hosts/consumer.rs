@@ -75,7 +75,7 @@ pub async fn run(host: String) -> turmoil::Result {
     });
     crate::trace::record(&host, "ec.shard.start", &[("incarnation", &incarnation), ("event_port", &event_port)]);
 
-    let stop = serve(&host, consumer, rank, &shard, &rep, &push).await;
+    let stop = serve(&host, incarnation, consumer, rank, &shard, &rep, &push).await;
     // Afterwards clients only see timeouts (spec 2.5, races S1, S2).
     crate::trace::record(&host, "ec.shard.stopped", &[("why", &stop.why())]);
     tracing::error!(%host, why = stop.why(), "EC control channel stopped serving");
@@ -119,6 +119,7 @@ async fn bind_retrying(host: &str, socket: &Socket, port: u16) -> bool {
 
 async fn serve(
     host: &str,
+    incarnation: u32,
     consumer: usize,
     rank: u32,
     shard: &Rc<RefCell<world::Shard>>,
@@ -174,6 +175,7 @@ async fn serve(
         }
         let reply = shard.borrow_mut().handle_request(&frame, clock::now());
         world::with(|w| w.dirty.insert(host.to_string()));
+        crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
         if let Some(why) = shard.borrow().halted() {
             return Stop::Halted(format!("{why:?}"));
         }

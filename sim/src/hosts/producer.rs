@@ -76,6 +76,7 @@ pub async fn run(host: String) -> turmoil::Result {
         while let Some(t) = coordinator.poll_transmit() {
             match t {
                 Transmit::Request { token, addr, frame } => {
+                    crate::release::note_sent(&addr, &frame);
                     let (client, tx) = (client.clone(), tx.clone());
                     tokio::task::spawn_local(async move {
                         let reply = client.request(&addr, frame).await;
@@ -93,6 +94,9 @@ pub async fn run(host: String) -> turmoil::Result {
         }
         while let Some(PushEvent::BatchDone { batch, outcomes }) = coordinator.poll_event() {
             let request = batches.remove(&batch).unwrap_or(u64::MAX);
+            if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {
+                crate::release::note_push_done(req.items.iter().map(|i| i.transfer_id.as_str()));
+            }
             let (mut pushed, mut skipped, mut failed) = (0u64, 0u64, 0u64);
             for o in &outcomes {
                 match o {

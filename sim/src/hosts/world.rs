@@ -95,6 +95,8 @@ pub struct World {
     /// Ranks whose book changed since the oracles last looked.
     pub dirty: BTreeSet<String>,
     pub stats: BTreeMap<String, u64>,
+    /// Cancels ranks took and abandons producers sent (`reservation-released`).
+    pub release: crate::release::ReleaseLedger,
 }
 
 thread_local! {
@@ -134,6 +136,7 @@ impl World {
             published: BTreeMap::new(),
             dirty: BTreeSet::new(),
             stats: BTreeMap::new(),
+            release: crate::release::ReleaseLedger::default(),
         }
     }
 
