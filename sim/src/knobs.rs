@@ -17,4 +17,7 @@ pub struct Knobs {
     /// Event backlog bound of every shard (`ShardConfig::max_pending_events`); `None`
     /// keeps the shard's default.
     pub max_pending_events: Option<usize>,
+    /// The scheduler's `push_wait_timeout_s`; `None` keeps the default (60 s). Deployments
+    /// run shorter ones (spec S15 reports 20 s).
+    pub push_wait_timeout: Option<std::time::Duration>,
 }

@@ -38,6 +38,9 @@ pub enum Bias {
     ReconnectRace,
     /// Peer crashes without FIN, restarting within the heartbeat timeout.
     PeerCrash,
+    /// Lost requests: one-way partitions from a producer to a rank, so its requests to
+    /// that rank wait out the control timeout one at a time.
+    LostRequests,
 }
 
 /// What a scenario name resolves to.
@@ -62,14 +65,23 @@ pub fn bias_of(scenario: &str) -> Bias {
         "ec-s10" | "ec-s16" | "ec-s17" => Bias::LostReplies,
         "p2p-s1" | "p2p-s2" | "p2p-s4" | "p2p-s5" | "p2p-s6" => Bias::ReconnectRace,
         "p2p-s3" | "p2p-s7" => Bias::PeerCrash,
+        "ec-s13" => Bias::LostRequests,
         _ => Bias::None,
     }
 }
 
 /// The world settings of a race scenario (production's for the rest).
-pub fn knobs_of(_scenario: &str) -> Knobs {
-    Knobs::default()
+pub fn knobs_of(scenario: &str) -> Knobs {
+    match scenario {
+        // A scheduler that gives up before the producer's control timeout (spec S15's
+        // deployment waited 20 s), so its cancel can overtake a reserve stuck behind one.
+        "ec-s13" => Knobs { push_wait_timeout: Some(S13_PUSH_WAIT), ..Knobs::default() },
+        _ => Knobs::default(),
+    }
 }
+
+/// The push-wait timeout of the `ec-s13` scenario.
+pub const S13_PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Resolves a scenario name: a topology name or a race of the catalogue.
 pub fn resolve(name: &str) -> Option<Resolved> {
@@ -174,6 +186,10 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
                     let partition_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(100..=3_000) };
                     FaultKind::ReconnectRace { host, peer, partition_ms, gap_ms: rng.gen_range(0..=50) }
                 }
+            }
+            Bias::LostRequests => {
+                let (Some(from), Some(to)) = (pick(&mut rng, &topo.producers), pick(&mut rng, &ranks)) else { return };
+                FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) }
             }
         };
         let span = kind.span_ms();
