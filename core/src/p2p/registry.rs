@@ -2,9 +2,9 @@
 //!
 //! The driver owns one ROUTER, one DEALER plus one monitor PAIR per peer. It gathers what
 //! the sockets hold (ROUTER messages, at most one monitor event per connection) into a
-//! [`PollInput`], hands it to [`ConnectionRegistry::poll`], and carries out the
-//! [`Action`]s the registry queues (open or close a DEALER and its monitor, transmit a
-//! frame). The registry decides who is registered, who is alive, what is swept, in which
+//! [`PollInput`] for [`ConnectionRegistry::poll`] (or lends them to
+//! [`ConnectionRegistry::poll_frames`]), and carries out the [`Action`]s the registry
+//! queues (open or close a DEALER and its monitor, transmit a frame). The registry decides who is registered, who is alive, what is swept, in which
 //! order, and which peers are new.
 //!
 //! The T0 lineage's behaviours are kept behind [`T0Switches`], off by default, so the
@@ -301,9 +301,9 @@ impl ConnectionRegistry {
     }
 
     /// [`Self::poll`] over ROUTER messages whose frames the driver still holds (libzmq's
-    /// own message buffers, reused from one poll to the next). The same decisions in the
-    /// same order; only what a connection keeps (the decoded message, the id of a new
-    /// peer) is copied out, so routing a message allocates nothing before decode.
+    /// own messages, for one). The same decisions in the same order; only what a
+    /// connection keeps (the decoded message, the id of a new peer) is copied out, so
+    /// routing a message allocates nothing before decode.
     pub fn poll_frames<'f, F>(
         &mut self,
         router: impl IntoIterator<Item = &'f [F]>,
