@@ -1,8 +1,9 @@
 //! `ZmqTransport`: the P2P control transport on libzmq sockets.
 //!
 //! The core's [`ConnectionRegistry`] decides who is registered, alive, swept and new; this
-//! type only gathers what the sockets hold into a [`PollInput`] and carries out the
-//! [`Action`]s the registry returns. No background threads: all I/O happens in the calls.
+//! type only lends it what the sockets hold (`ConnectionRegistry::poll_frames`) and carries
+//! out the [`Action`]s the registry returns. No background threads: all I/O happens in the
+//! calls.
 
 use super::router_batch::RouterBatch;
 use super::sockets::{self, Dealer};
