@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 
 const ROUNDS: usize = 3;
 
+/// The allocator of the `ctlplane` program, so the bench measures what it runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// What `p2p_peer.py blast` sends: a W1-shaped lookup, 52 bytes of msgpack.
 fn message() -> Value {
     Value::map([

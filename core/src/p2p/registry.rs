@@ -2,9 +2,9 @@
 //!
 //! The driver owns one ROUTER, one DEALER plus one monitor PAIR per peer. It gathers what
 //! the sockets hold (ROUTER messages, at most one monitor event per connection) into a
-//! [`PollInput`], hands it to [`ConnectionRegistry::poll`], and carries out the
-//! [`Action`]s the registry queues (open or close a DEALER and its monitor, transmit a
-//! frame). The registry decides who is registered, who is alive, what is swept, in which
+//! [`PollInput`] for [`ConnectionRegistry::poll`] (or lends them to
+//! [`ConnectionRegistry::poll_frames`]), and carries out the [`Action`]s the registry
+//! queues (open or close a DEALER and its monitor, transmit a frame). The registry decides who is registered, who is alive, what is swept, in which
 //! order, and which peers are new.
 //!
 //! The T0 lineage's behaviours are kept behind [`T0Switches`], off by default, so the
@@ -12,10 +12,14 @@
 
 use super::value::{self, Value};
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::Deref;
 use thiserror::Error;
 
 /// `MAX_CONTROL_MESSAGE_BYTES` of the T2 lineage (also its `ZMQ_MAXMSGSIZE`).
 pub const MAX_CONTROL_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Largest encoding buffer `send` keeps between calls.
+const KEPT_SCRATCH_BYTES: usize = 64 * 1024;
 
 /// Handle of one opened connection (its DEALER and monitor); never reused.
 pub type ConnId = u64;
@@ -160,6 +164,8 @@ pub struct ConnectionRegistry {
     actions: VecDeque<Action>,
     stats: RegistryStats,
     closed: bool,
+    /// Encoding buffer of `send`, kept between calls.
+    scratch: Vec<u8>,
 }
 
 impl ConnectionRegistry {
@@ -173,6 +179,7 @@ impl ConnectionRegistry {
             actions: VecDeque::new(),
             stats: RegistryStats::default(),
             closed: false,
+            scratch: Vec::new(),
         }
     }
 
@@ -228,7 +235,16 @@ impl ConnectionRegistry {
         if !c.alive() {
             return Err(TransportError::SendOnClosed(peer.to_string()));
         }
-        let frame = value::encode(msg);
+        // Encoded into a kept buffer, then copied once into a frame of the exact size (a
+        // frame libzmq takes over is then never reallocated); a large frame takes the
+        // buffer itself, so no large buffer is kept.
+        self.scratch.clear();
+        value::encode_into(&mut self.scratch, msg);
+        let frame = if self.scratch.len() > KEPT_SCRATCH_BYTES {
+            std::mem::take(&mut self.scratch)
+        } else {
+            self.scratch.clone()
+        };
         if let Some(limit) = self.config.max_message_bytes {
             if frame.len() > limit {
                 return Err(TransportError::TooLarge(limit));
@@ -269,6 +285,11 @@ impl ConnectionRegistry {
         self.order.iter().filter_map(|p| self.conns.get(p).map(|c| (p.clone(), c.id, c.alive()))).collect()
     }
 
+    /// [`Self::connections`] without copying: what a driver walks on every poll.
+    pub fn iter_connections(&self) -> impl Iterator<Item = (&str, ConnId, bool)> + '_ {
+        self.order.iter().filter_map(|p| self.conns.get(p).map(|c| (p.as_str(), c.id, c.alive())))
+    }
+
     /// One poll step over what the sockets held. Returns each newly accepted inbound
     /// peer exactly once, its first message(s) already in its `recv` buffer.
     ///
@@ -276,14 +297,29 @@ impl ConnectionRegistry {
     /// first keeps a reconnecting peer's first message out of a dead registration (S2);
     /// sweeping again before accept retires peers that died in this poll.
     pub fn poll(&mut self, input: PollInput) -> Vec<String> {
+        self.poll_frames(input.router.iter().map(Vec::as_slice), &input.monitor)
+    }
+
+    /// [`Self::poll`] over ROUTER messages whose frames the driver still holds (libzmq's
+    /// own messages, for one). The same decisions in the same order; only what a
+    /// connection keeps (the decoded message, the id of a new peer) is copied out, so
+    /// routing a message allocates nothing before decode.
+    pub fn poll_frames<'f, F>(
+        &mut self,
+        router: impl IntoIterator<Item = &'f [F]>,
+        monitor: &[(ConnId, MonitorEvent)],
+    ) -> Vec<String>
+    where
+        F: Deref<Target = [u8]> + 'f,
+    {
         if self.closed {
             return Vec::new();
         }
         if !self.config.t0.sweep_last {
             self.sweep();
         }
-        let pending = self.route(input.router);
-        self.check_monitors(&input.monitor);
+        let pending = self.route(router);
+        self.check_monitors(monitor);
         if !self.config.t0.sweep_last {
             self.sweep();
         }
@@ -378,22 +414,35 @@ impl ConnectionRegistry {
     }
 
     /// Routes ROUTER messages into registered connections; the rest wait for accept.
-    fn route(&mut self, messages: Vec<Vec<Vec<u8>>>) -> Vec<(String, Value)> {
+    fn route<'f, F>(&mut self, messages: impl IntoIterator<Item = &'f [F]>) -> Vec<(String, Value)>
+    where
+        F: Deref<Target = [u8]> + 'f,
+    {
         let mut pending = Vec::new();
+        // The identity last checked for UTF-8: a drain is mostly runs of one sender.
+        let mut last: Option<(&'f [u8], &'f str)> = None;
         for frames in messages {
-            let [identity, payload]: [Vec<u8>; 2] = match frames.try_into() {
-                Ok(pair) => pair,
-                Err(frames) => {
-                    self.stats.frames_dropped += 1;
-                    tracing::warn!("dropping message with {} frames (expected 2)", frames.len());
-                    continue;
-                }
-            };
-            let Ok(sender) = String::from_utf8(identity) else {
+            let [identity, payload] = frames else {
                 self.stats.frames_dropped += 1;
-                tracing::warn!("dropping message from a non-UTF-8 identity");
+                tracing::warn!("dropping message with {} frames (expected 2)", frames.len());
                 continue;
             };
+            let identity: &'f [u8] = identity;
+            let sender = match last {
+                Some((bytes, sender)) if bytes == identity => sender,
+                _ => match std::str::from_utf8(identity) {
+                    Ok(sender) => {
+                        last = Some((identity, sender));
+                        sender
+                    }
+                    Err(_) => {
+                        self.stats.frames_dropped += 1;
+                        tracing::warn!("dropping message from a non-UTF-8 identity");
+                        continue;
+                    }
+                },
+            };
+            let payload: &[u8] = payload;
             if let Some(limit) = self.config.max_message_bytes {
                 if payload.len() > limit {
                     self.stats.frames_dropped += 1;
@@ -401,7 +450,7 @@ impl ConnectionRegistry {
                     continue;
                 }
             }
-            let msg = match value::decode(&payload) {
+            let msg = match value::decode(payload) {
                 Ok(m) => m,
                 Err(e) => {
                     self.stats.frames_dropped += 1;
@@ -409,12 +458,12 @@ impl ConnectionRegistry {
                     continue;
                 }
             };
-            match self.conns.get_mut(&sender) {
+            match self.conns.get_mut(sender) {
                 Some(c) => {
                     c.inbox.push(msg);
                     self.stats.messages_routed += 1;
                 }
-                None => pending.push((sender, msg)),
+                None => pending.push((sender.to_string(), msg)),
             }
         }
         pending

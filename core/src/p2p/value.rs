@@ -153,6 +153,12 @@ pub fn encode(v: &Value) -> Vec<u8> {
     out
 }
 
+/// Appends `v`'s encoding to `out`: a sender that keeps one buffer writes each frame
+/// without growing a fresh `Vec` as it goes.
+pub fn encode_into(out: &mut Vec<u8>, v: &Value) {
+    write_value(out, v);
+}
+
 fn write_len(out: &mut Vec<u8>, len: usize, fix: Option<(u8, usize)>, m8: Option<u8>, m16: u8, m32: u8) {
     match (fix, m8) {
         (Some((base, max)), _) if len <= max => out.push(base | len as u8),
@@ -290,9 +296,17 @@ impl<'a> Reader<'a> {
         }
         let mut entries = Vec::with_capacity(len);
         for _ in 0..len {
-            let key = match self.value(depth + 1)? {
-                Value::Str(s) => s,
-                other => return Err(DecodeError::NonStringKey(other.type_name())),
+            let key = match self.data.get(self.pos) {
+                // A fixstr key (every W1 key) is read directly; anything else goes through
+                // `value`, which also applies the depth bound.
+                Some(&b @ 0xa0..=0xbf) if depth < MAX_DEPTH => {
+                    self.pos += 1;
+                    self.str(usize::from(b & 0x1f))?
+                }
+                _ => match self.value(depth + 1)? {
+                    Value::Str(s) => s,
+                    other => return Err(DecodeError::NonStringKey(other.type_name())),
+                },
             };
             entries.push((key, self.value(depth + 1)?));
         }
@@ -357,6 +371,15 @@ mod tests {
         assert_eq!(encode(&Value::Str("ab".into())), [0xa2, b'a', b'b']);
         assert_eq!(encode(&Value::Bin(vec![1, 2])), [0xc4, 2, 1, 2]);
         assert_eq!(encode(&Value::map([("type", Value::from("connect_ack"))]))[..2], [0x81, 0xa4]);
+    }
+
+    #[test]
+    fn encode_into_appends_the_same_bytes() {
+        let v = Value::map([("type", Value::from("lookup")), ("n", Value::Int(-70000))]);
+        let mut out = vec![0xee];
+        encode_into(&mut out, &v);
+        assert_eq!(out[0], 0xee);
+        assert_eq!(out[1..], encode(&v)[..]);
     }
 
     #[test]

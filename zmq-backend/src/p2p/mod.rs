@@ -5,6 +5,7 @@
 //! `ConnectionRegistry` decides; [`session_io`] moves one `HandshakeSession`'s frames over
 //! it.
 
+mod router_batch;
 pub mod session_io;
 mod sockets;
 mod transport;

@@ -118,21 +118,6 @@ impl Dealer {
     }
 }
 
-/// One whole message off `socket` without blocking. The frames of a message arrive
-/// together, so only the first read can find nothing; "more" is read off each frame,
-/// sparing a `getsockopt` per frame on the ROUTER's hot path.
-pub(crate) fn recv_frames(socket: &zmq::Socket) -> zmq::Result<Vec<Vec<u8>>> {
-    let mut frames = Vec::with_capacity(2);
-    loop {
-        let frame = socket.recv_msg(zmq::DONTWAIT)?;
-        let more = frame.get_more();
-        frames.push(frame.to_vec());
-        if !more {
-            return Ok(frames);
-        }
-    }
-}
-
 /// Closes `socket` with linger 0.
 pub(crate) fn close_now(socket: zmq::Socket) {
     if let Err(error) = socket.set_linger(0) {

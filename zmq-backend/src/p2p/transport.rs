@@ -1,15 +1,17 @@
 //! `ZmqTransport`: the P2P control transport on libzmq sockets.
 //!
 //! The core's [`ConnectionRegistry`] decides who is registered, alive, swept and new; this
-//! type only gathers what the sockets hold into a [`PollInput`] and carries out the
-//! [`Action`]s the registry returns. No background threads: all I/O happens in the calls.
+//! type only lends it what the sockets hold (`ConnectionRegistry::poll_frames`) and carries
+//! out the [`Action`]s the registry returns. No background threads: all I/O happens in the
+//! calls.
 
+use super::router_batch::RouterBatch;
 use super::sockets::{self, Dealer};
 use super::TransportOptions;
 use crate::sockets::endpoint_port;
 use ctlplane_core::p2p::registry::RegistryStats;
-use ctlplane_core::p2p::{Action, ConnId, ConnectionRegistry, PollInput, RegistryConfig, TransportError, Value};
-use std::collections::HashMap;
+use ctlplane_core::p2p::{Action, ConnId, ConnectionRegistry, MonitorEvent, RegistryConfig, TransportError, Value};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -60,7 +62,11 @@ pub struct ZmqTransport {
     port: u16,
     /// Open DEALERs by connection handle. Sockets before the context: they must close
     /// before the context terminates.
-    dealers: HashMap<ConnId, (String, Dealer)>,
+    dealers: BTreeMap<ConnId, (String, Dealer)>,
+    /// The ROUTER messages of the current poll (empty between polls).
+    inbound: RouterBatch,
+    /// The monitor events of the current poll (empty between polls).
+    monitor_events: Vec<(ConnId, MonitorEvent)>,
     router: Option<zmq::Socket>,
     ctx: Option<zmq::Context>,
 }
@@ -99,7 +105,9 @@ impl ZmqTransport {
             registry: ConnectionRegistry::new(config),
             options,
             port,
-            dealers: HashMap::new(),
+            dealers: BTreeMap::new(),
+            inbound: RouterBatch::default(),
+            monitor_events: Vec::new(),
             router: Some(router),
             ctx: Some(ctx),
         })
@@ -174,26 +182,20 @@ impl ZmqTransport {
     /// A peer whose DEALER could not be opened is returned too, already dead.
     pub fn poll(&mut self) -> Vec<String> {
         let Some(router) = &self.router else { return Vec::new() };
-        let mut input = PollInput::default();
-        loop {
-            match sockets::recv_frames(router) {
-                Ok(frames) => input.router.push(frames),
-                Err(zmq::Error::EAGAIN) => break,
-                Err(error) => {
-                    tracing::warn!(local_id = %self.local_id(), %error, "P2P ROUTER recv error");
-                    break;
-                }
-            }
+        if let Err(error) = self.inbound.drain(router) {
+            tracing::warn!(local_id = %self.registry.config().local_id, %error, "P2P ROUTER recv error");
         }
-        for (peer, conn, alive) in self.registry.connections() {
+        for (peer, conn, alive) in self.registry.iter_connections() {
             let Some((_, dealer)) = self.dealers.get(&conn).filter(|_| alive) else { continue };
             match dealer.monitor_event() {
-                Ok(Some(event)) => input.monitor.push((conn, event)),
+                Ok(Some(event)) => self.monitor_events.push((conn, event)),
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%peer, %error, "P2P monitor error"),
             }
         }
-        let accepted = self.registry.poll(input);
+        let accepted = self.registry.poll_frames(self.inbound.messages(), &self.monitor_events);
+        self.inbound.clear();
+        self.monitor_events.clear();
         if let Err(error) = self.carry_out() {
             tracing::warn!(%error, "P2P connection not opened");
         }
@@ -205,7 +207,7 @@ impl ZmqTransport {
     pub fn wait(&self, timeout: Duration) -> Result<bool, P2pError> {
         let Some(router) = &self.router else { return Ok(false) };
         let mut items = vec![router.as_poll_item(zmq::POLLIN)];
-        for (_, conn, alive) in self.registry.connections() {
+        for (_, conn, alive) in self.registry.iter_connections() {
             if let Some((_, d)) = self.dealers.get(&conn).filter(|_| alive) {
                 items.push(d.monitor.as_poll_item(zmq::POLLIN));
             }
@@ -237,7 +239,7 @@ impl ZmqTransport {
     pub fn close(&mut self) {
         self.registry.close_all();
         let _ = self.carry_out();
-        for (_, (_, dealer)) in self.dealers.drain() {
+        for (_, (_, dealer)) in std::mem::take(&mut self.dealers) {
             dealer.close();
         }
         if let Some(router) = self.router.take() {

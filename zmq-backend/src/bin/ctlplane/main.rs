@@ -13,6 +13,11 @@ use std::error::Error;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc: decoding a P2P message allocates a handful of small objects that the reader
+/// frees soon after, in batches glibc's per-thread cache does not hold.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "ctlplane", version, about = "ctlplane control plane: EC consumer servers and operator tools")]
 struct Cli {
