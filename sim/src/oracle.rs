@@ -140,6 +140,8 @@ pub fn check_step(now_ns: u64) {
 /// producer can no longer abandon (races S10, S11); they are counted, not flagged.
 pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<String, u64> {
     let mut stats = BTreeMap::new();
+    // A scenario may configure the scheduler's wait (`Knobs::push_wait_timeout`).
+    let push_wait_timeout = world::with(|w| w.knobs.push_wait_timeout).unwrap_or(push_wait_timeout);
     let bound = (push_wait_timeout + RESOLVE_SLACK).as_nanos() as u64;
     let (late, tids, ranks) = world::with(|w| {
         let mut late = Vec::new();
@@ -152,6 +154,23 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
                     }
                 }
                 Some(_) => {}
+            }
+        }
+        // An item its producer reported pushed into its own destination on every rank,
+        // while its request still waited, is announced by every rank: `complete` of a
+        // live writer makes it READY (spec 3.4). A rank that restarted since the push
+        // began may have lost the announcement with its process.
+        for (tid, p) in &w.pushed {
+            let published = w.published.get(&(p.consumer, tid.clone()));
+            let restarted = p.incarnations.iter().any(|(h, i)| w.incarnations.get(h).copied().unwrap_or(0) != *i);
+            let announced = published.map_or(0, |r| r.len());
+            if announced < p.incarnations.len() && !restarted {
+                late.push(format!(
+                    "{tid} reported pushed at {} while its request waited, announced by ranks {:?} of {}",
+                    p.at,
+                    published.cloned().unwrap_or_default(),
+                    p.incarnations.len()
+                ));
             }
         }
         let tids: Vec<String> = w.items.keys().cloned().collect();

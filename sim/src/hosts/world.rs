@@ -95,6 +95,20 @@ pub struct World {
     /// Ranks whose book changed since the oracles last looked.
     pub dirty: BTreeSet<String>,
     pub stats: BTreeMap<String, u64>,
+    /// Items a producer reported pushed, written into its own destination on every rank
+    /// while their request still waited: each must be announced by every rank.
+    pub pushed: BTreeMap<String, Pushed>,
+}
+
+/// An item its producer reported pushed (see [`World::pushed`]).
+#[derive(Clone, Debug)]
+pub struct Pushed {
+    /// Index into `Topology::consumers`.
+    pub consumer: usize,
+    /// The consumer's rank hosts and their incarnations when the push began: a rank that
+    /// restarted since may have lost the announcement with its process.
+    pub incarnations: Vec<(String, u32)>,
+    pub at: Instant,
 }
 
 thread_local! {
@@ -134,6 +148,7 @@ impl World {
             published: BTreeMap::new(),
             dirty: BTreeSet::new(),
             stats: BTreeMap::new(),
+            pushed: BTreeMap::new(),
         }
     }
 
@@ -162,6 +177,12 @@ impl World {
         };
         self.count(name, 1);
         done.then_some(r)
+    }
+
+    /// The incarnation of every rank of `consumer` (0 for a rank not started yet).
+    pub fn rank_incarnations(&self, consumer: usize) -> Vec<(String, u32)> {
+        let ranks = self.topo.consumers.get(consumer).map(|c| c.ranks.clone()).unwrap_or_default();
+        ranks.into_iter().map(|h| (h.clone(), self.incarnations.get(&h).copied().unwrap_or(0))).collect()
     }
 
     /// The live shard of a rank host.
