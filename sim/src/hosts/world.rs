@@ -98,6 +98,9 @@ pub struct World {
     /// Items a producer reported pushed, written into its own destination on every rank
     /// while their request still waited: each must be announced by every rank.
     pub pushed: BTreeMap<String, Pushed>,
+    /// When a rank host last published a readiness event for a transfer: a READY record
+    /// lives its TTL from then (give or take the backlog's delay).
+    pub announced_at: BTreeMap<(String, String), Instant>,
 }
 
 /// An item its producer reported pushed (see [`World::pushed`]).
@@ -105,8 +108,8 @@ pub struct World {
 pub struct Pushed {
     /// Index into `Topology::consumers`.
     pub consumer: usize,
-    /// The consumer's rank hosts and their incarnations when the push began: a rank that
-    /// restarted since may have lost the announcement with its process.
+    /// The consumer's rank hosts and their incarnations when the push began: the check
+    /// holds only where no rank ever restarted.
     pub incarnations: Vec<(String, u32)>,
     pub at: Instant,
 }
@@ -149,6 +152,7 @@ impl World {
             dirty: BTreeSet::new(),
             stats: BTreeMap::new(),
             pushed: BTreeMap::new(),
+            announced_at: BTreeMap::new(),
         }
     }
 
