@@ -4,6 +4,8 @@
 //! (`crate::scenario`) changes only what makes its race reachable, and its fixed run uses
 //! the same knobs, so a difference between the two runs is the switch alone.
 
+use std::time::Duration;
+
 use crate::device::DeviceConfig;
 use crate::hosts::workload::WorkloadConfig;
 
@@ -17,7 +19,7 @@ pub struct Knobs {
     /// Event backlog bound of every shard (`ShardConfig::max_pending_events`); `None`
     /// keeps the shard's default.
     pub max_pending_events: Option<usize>,
-    /// The scheduler's `push_wait_timeout_s`; `None` keeps the default (60 s). Deployments
-    /// run shorter ones (spec S15 reports 20 s).
-    pub push_wait_timeout: Option<std::time::Duration>,
+    /// The scheduler's `push_wait_timeout_s` (extra config, production default 60 s): how
+    /// long a request waits for an item's readiness; `None` keeps the default.
+    pub push_wait_timeout: Option<Duration>,
 }

@@ -142,8 +142,10 @@ pub fn check_step(now_ns: u64) {
 /// ([`crate::release::never_abandoned`]).
 pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<String, u64> {
     let mut stats = BTreeMap::new();
+    // A scenario may configure the scheduler's wait (`Knobs::push_wait_timeout`).
+    let push_wait_timeout = world::with(|w| w.knobs.push_wait_timeout).unwrap_or(push_wait_timeout);
     let bound = (push_wait_timeout + RESOLVE_SLACK).as_nanos() as u64;
-    let (late, tids, ranks) = world::with(|w| {
+    let (late, tids, ranks, young) = world::with(|w| {
         let mut late = Vec::new();
         for (req, st) in w.workload.iter().zip(&w.requests) {
             match st.resolved_at {
@@ -156,10 +158,34 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
                 Some(_) => {}
             }
         }
+        // An item its producer reported pushed into its own destination on every rank,
+        // while its request still waited, is announced by every rank: `complete` of a
+        // live writer makes it READY (spec 3.4). Only for consumers whose ranks never
+        // restarted: a restarted rank loses what it had queued with its process, and its
+        // new event port is not the one the scheduler subscribed to.
+        for (tid, p) in &w.pushed {
+            let published = w.published.get(&(p.consumer, tid.clone()));
+            let restarted =
+                p.incarnations.iter().any(|(h, i)| *i != 0 || w.incarnations.get(h).copied().unwrap_or(0) != *i);
+            let announced = published.map_or(0, |r| r.len());
+            if announced < p.incarnations.len() && !restarted {
+                late.push(format!(
+                    "{tid} reported pushed at {} while its request waited, announced by ranks {:?} of {}",
+                    p.at,
+                    published.cloned().unwrap_or_default(),
+                    p.incarnations.len()
+                ));
+            }
+        }
         let tids: Vec<String> = w.items.keys().cloned().collect();
         let ranks: Vec<(String, std::rc::Rc<std::cell::RefCell<world::Shard>>)> =
             w.ranks.iter().map(|(h, r)| (h.clone(), r.shard.clone())).collect();
-        (late, tids, ranks)
+        // READY records announced less than a TTL ago (a scenario's late encoders) have
+        // not outlived it yet.
+        let ttl = ctlplane_core::ec::reservations::RESERVATION_TTL.as_nanos() as u64;
+        let young: std::collections::BTreeSet<(String, String)> =
+            w.announced_at.iter().filter(|(_, at)| at.as_nanos() + ttl > now_ns).map(|(k, _)| k.clone()).collect();
+        (late, tids, ranks, young)
     });
     for detail in late {
         violate_at(now_ns, "request-resolves", "engine", detail);
@@ -168,6 +194,9 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
         let s = shard.borrow();
         for tid in &tids {
             match s.book().state_of(tid) {
+                Some(State::Ready) if young.contains(&(host.clone(), tid.clone())) => {
+                    *stats.entry("reservations.ready_within_ttl_at_end".to_string()).or_default() += 1;
+                }
                 Some(state @ (State::Writing | State::Ready)) => {
                     violate_at(now_ns, "reservation-released", &host, format!("{tid} still {state} after its TTL"));
                 }

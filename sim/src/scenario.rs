@@ -6,6 +6,8 @@
 //! from the seed on a stream of their own, so a race scenario's plan is still a function of
 //! the seed alone and `ctlsim plan --scenario <race>` prints exactly what a run plays.
 
+use std::time::Duration;
+
 use ctlplane_core::regressions::{self, Race, Regressions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -76,8 +78,49 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         // A scheduler that gives up before the producer's control timeout (spec S15's
         // deployment waited 20 s), so its cancel can overtake a reserve stuck behind one.
         "ec-s13" => Knobs { push_wait_timeout: Some(S13_PUSH_WAIT), ..Knobs::default() },
+        "ec-s11" => knobs_s11(),
+        "ec-s12" => knobs_s12(),
+        "ec-s14" => knobs_s14(),
         _ => Knobs::default(),
     }
+}
+
+/// EC S12: encoders that finish 310 to 420 s after the push reserved, past the 300 s TTL
+/// (which defers the waiting writer), and a scheduler configured to wait 450 s for them,
+/// so the item is still wanted when its write lands.
+fn knobs_s12() -> Knobs {
+    let mut k = Knobs::default();
+    k.workload.min_encode = Duration::from_secs(310);
+    k.workload.max_encode = Duration::from_secs(420);
+    k.push_wait_timeout = Some(Duration::from_secs(450));
+    k
+}
+
+/// EC S14: encoders finishing 140 to 160 s after reserving, around the 150 s refresh age,
+/// and writes of 3 to 13 s: a push of a popular mm_hash writes while a later push of the
+/// same hash (its follower) has aged past the refresh and refreshes. The scheduler waits
+/// 200 s, so the follower is still wanted (not cancelled) when it refreshes.
+fn knobs_s14() -> Knobs {
+    let mut k = Knobs::default();
+    k.workload.min_encode = Duration::from_secs(140);
+    k.workload.max_encode = Duration::from_secs(160);
+    k.device.setup = Duration::from_secs(3);
+    k.device.jitter = Duration::from_secs(10);
+    k.push_wait_timeout = Some(Duration::from_secs(200));
+    k
+}
+
+/// EC S11: the consumer gives up on an item while its write is still in flight. Writes
+/// take 3 to 8 s (a congested data plane: longer than the 2 s grace), encoders up to 25 s,
+/// and the scheduler waits 20 s (the production setting of spec S15), so many requests
+/// time out and cancel their items while the producer is writing them.
+fn knobs_s11() -> Knobs {
+    let mut k = Knobs::default();
+    k.workload.max_encode = Duration::from_secs(25);
+    k.device.setup = Duration::from_secs(3);
+    k.device.jitter = Duration::from_secs(5);
+    k.push_wait_timeout = Some(Duration::from_secs(20));
+    k
 }
 
 /// The push-wait timeout of the `ec-s13` scenario.

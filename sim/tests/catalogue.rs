@@ -7,7 +7,7 @@ use ctlplane_sim::catalogue::{self, check_race};
 
 /// Races found within this many seeds on this build.
 const CAP: u64 = 5;
-const CI_RACES: &[&str] = &["ec-s1", "ec-s6", "p2p-s3", "ec-s10", "ec-s13", "ec-s16"];
+const CI_RACES: &[&str] = &["ec-s1", "ec-s6", "p2p-s3", "ec-s10", "ec-s13", "ec-s16", "ec-s11", "ec-s12", "ec-s14"];
 
 #[test]
 fn ci_races_are_found_with_the_switch_and_pass_with_the_fix() {

@@ -205,7 +205,10 @@ fn flush_events(
             Ok(()) => {
                 shard.borrow_mut().confirm_sent();
                 if let Some(tid) = transfer_id {
-                    world::with(|w| w.published.entry((consumer, tid)).or_default().insert(rank));
+                    world::with(|w| {
+                        w.announced_at.insert((host.to_string(), tid.clone()), clock::now());
+                        w.published.entry((consumer, tid)).or_default().insert(rank)
+                    });
                 }
             }
             Err(ZmqError::Again) => return Ok(()),

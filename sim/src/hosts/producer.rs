@@ -10,13 +10,17 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use ctlplane_core::ec::producer::{ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit};
+use ctlplane_core::ec::producer::{
+    ItemOutcome, ItemRef, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit,
+};
+use ctlplane_core::ec::State;
 use ctlplane_core::time::Instant;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::client::{ControlClient, CONTROL_TIMEOUT};
-use super::world;
+use super::workload::Request;
+use super::world::{self, Pushed};
 use crate::clock;
 use crate::zmq::Context;
 
@@ -47,6 +51,11 @@ pub async fn run(host: String) -> turmoil::Result {
     // Source binds due, by time.
     let mut binds: BTreeMap<Instant, Vec<_>> = BTreeMap::new();
     let mut batches = BTreeMap::new();
+    // For the announcement oracle: each batch's consumer and its ranks' incarnations when
+    // it began, the item each write is for, and the writes that landed per item.
+    let mut began: BTreeMap<_, (usize, Vec<(String, u32)>)> = BTreeMap::new();
+    let mut write_items: BTreeMap<Token, ItemRef> = BTreeMap::new();
+    let mut written: BTreeMap<ItemRef, usize> = BTreeMap::new();
 
     loop {
         let now = clock::now();
@@ -59,6 +68,7 @@ pub async fn run(host: String) -> turmoil::Result {
             let batch = PushBatch::new(base.clone(), req.items.clone()).awaiting_source();
             let id = coordinator.push(batch, now);
             batches.insert(id, req.id);
+            began.insert(id, (req.consumer, world::with(|w| w.rank_incarnations(req.consumer))));
             binds.entry(now + req.encode).or_default().push(id);
             crate::trace::record(
                 &host,
@@ -83,10 +93,17 @@ pub async fn run(host: String) -> turmoil::Result {
                         let _ = tx.send(Answer::Reply(token, reply));
                     });
                 }
-                Transmit::Write { token, session, dst_ptr, nbytes, item: _ } => {
+                Transmit::Write { token, session, dst_ptr, nbytes, item } => {
+                    write_items.insert(token, item);
                     let (tx, host) = (tx.clone(), host.clone());
+                    let transfer_id = batches
+                        .get(&item.batch)
+                        .and_then(|&r| workload.get(r as usize))
+                        .and_then(|r| r.items.get(item.index))
+                        .map(|i| i.transfer_id.clone())
+                        .unwrap_or_default();
                     tokio::task::spawn_local(async move {
-                        let result = write(&host, &session, dst_ptr, nbytes).await;
+                        let result = write(&host, &session, dst_ptr, nbytes, &transfer_id).await;
                         let _ = tx.send(Answer::Write(token, result));
                     });
                 }
@@ -97,6 +114,9 @@ pub async fn run(host: String) -> turmoil::Result {
             if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {
                 crate::release::note_push_done(req.items.iter().map(|i| i.transfer_id.as_str()));
             }
+            note_pushed(&workload, request, began.remove(&batch), &outcomes, |index| {
+                written.remove(&ItemRef { batch, index }).unwrap_or(0)
+            });
             let (mut pushed, mut skipped, mut failed) = (0u64, 0u64, 0u64);
             for o in &outcomes {
                 match o {
@@ -125,33 +145,78 @@ pub async fn run(host: String) -> turmoil::Result {
             },
             None => rx.recv().await,
         };
-        match answer {
-            Some(Answer::Reply(token, reply)) => coordinator.handle_reply(token, reply, clock::now()),
-            Some(Answer::Write(token, result)) => coordinator.handle_write(token, result, clock::now()),
-            None => {}
-        }
-        while let Ok(a) = rx.try_recv() {
+        for a in answer.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match a {
                 Answer::Reply(token, reply) => coordinator.handle_reply(token, reply, clock::now()),
-                Answer::Write(token, result) => coordinator.handle_write(token, result, clock::now()),
+                Answer::Write(token, result) => {
+                    if let Some(item) = write_items.remove(&token).filter(|_| result.is_ok()) {
+                        *written.entry(item).or_default() += 1;
+                    }
+                    coordinator.handle_write(token, result, clock::now())
+                }
             }
         }
     }
 }
 
+/// Records, for the announcement oracle, the items of a finished batch that were pushed
+/// into their own destination on every rank (`writes(index)` landed writes) while their
+/// request still waited for them.
+fn note_pushed(
+    workload: &[Request],
+    request: u64,
+    began: Option<(usize, Vec<(String, u32)>)>,
+    outcomes: &[ItemOutcome],
+    mut writes: impl FnMut(usize) -> usize,
+) {
+    let (Some(req), Some((consumer, incarnations))) = (workload.get(request as usize), began) else { return };
+    for (index, outcome) in outcomes.iter().enumerate() {
+        let landed = writes(index);
+        let Some(item) = req.items.get(index) else { continue };
+        if *outcome != ItemOutcome::Pushed || landed < incarnations.len() {
+            continue;
+        }
+        world::with(|w| {
+            let waiting = w.items.get(&item.transfer_id).is_some_and(|&(r, i)| w.requests[r].fates[i].is_none());
+            if waiting {
+                let at = clock::now();
+                let pushed = Pushed { consumer, incarnations: incarnations.clone(), at };
+                w.pushed.insert(item.transfer_id.clone(), pushed);
+            }
+        });
+    }
+}
+
 /// One Mooncake write through the device: it takes the device's time, then lands (or
-/// fails); the ledger checks where it landed.
-async fn write(host: &str, session: &str, dst_ptr: u64, nbytes: u64) -> Result<(), String> {
+/// fails); the ledger checks where it landed, and that the reservation it was granted
+/// for (`transfer_id`'s on that rank) still owns it as a writer: a region freed and handed
+/// to another transfer would pass the region check alone.
+async fn write(host: &str, session: &str, dst_ptr: u64, nbytes: u64, transfer_id: &str) -> Result<(), String> {
     let plan = world::with(|w| w.device.plan_write(nbytes));
     clock::sleep(plan.latency).await;
-    let landed = world::with(|w| {
+    let (landed, granted) = world::with(|w| {
         let ranks = &w.ranks;
-        w.device.land(session, dst_ptr, nbytes, &plan, |rank_host| {
+        let landed = w.device.land(session, dst_ptr, nbytes, &plan, |rank_host| {
             ranks.get(rank_host).map(|r| r.shard.borrow().book().writer_owned_regions()).unwrap_or_default()
-        })
+        });
+        let rank = w.device.slab(session).and_then(|reg| ranks.get(&reg.host));
+        let granted = rank.map(|r| r.shard.borrow().book().state_of(transfer_id));
+        (landed, granted)
     });
     match landed {
-        Ok(None) => Ok(()),
+        Ok(None) => {
+            if let Some(state) = granted.filter(|s| !s.is_some_and(State::is_writer_owned)) {
+                let state = state.map_or("gone".to_string(), |s| s.to_string());
+                crate::oracle::violate(
+                    "write-owned",
+                    host,
+                    format!(
+                        "{session}: write of {nbytes} bytes for {transfer_id} lands while its reservation is {state}"
+                    ),
+                );
+            }
+            Ok(())
+        }
         Ok(Some(finding)) => {
             crate::oracle::violate("write-owned", host, format!("{session}: {finding}"));
             Ok(())

@@ -52,6 +52,10 @@ pub async fn run(host: String) -> turmoil::Result {
     let topology = Rc::new(RefCell::new(TopologyCache::default()));
     let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
     let mut consumers: Vec<PerConsumer> = world::with(|w| {
+        let mut readiness = ReadinessConfig::default();
+        if let Some(wait) = w.knobs.push_wait_timeout {
+            readiness.push_wait_timeout = wait;
+        }
         w.topo
             .consumers
             .iter()
@@ -59,7 +63,7 @@ pub async fn run(host: String) -> turmoil::Result {
                 base: c.base_addr(),
                 ranks: c.ranks.clone(),
                 inbox: Inbox::new(w.regressions.inbox),
-                readiness: Readiness::new(readiness_config(w.knobs.push_wait_timeout)),
+                readiness: Readiness::new(readiness.clone()),
                 pull: None,
                 cancels: Rc::new(RefCell::new(VecDeque::new())),
                 cancel_wake: Rc::new(Notify::new()),
@@ -165,15 +169,6 @@ pub async fn run(host: String) -> turmoil::Result {
             }
         }
     }
-}
-
-/// The readiness table's settings: production's, with the scenario's push-wait timeout.
-fn readiness_config(push_wait_timeout: Option<std::time::Duration>) -> ReadinessConfig {
-    let mut config = ReadinessConfig::default();
-    if let Some(t) = push_wait_timeout {
-        config.push_wait_timeout = t;
-    }
-    config
 }
 
 /// Requests of the crashed incarnation: they died with it.

@@ -29,6 +29,8 @@ pub struct WorkloadConfig {
     pub max_items: usize,
     /// Longest encoder run: a push's source is bound this long (at most) after it starts.
     pub max_encode: Duration,
+    /// Shortest encoder run (production's are all short: zero).
+    pub min_encode: Duration,
 }
 
 impl Default for WorkloadConfig {
@@ -40,6 +42,7 @@ impl Default for WorkloadConfig {
             hashes: 64,
             max_items: 3,
             max_encode: Duration::from_millis(40),
+            min_encode: Duration::ZERO,
         }
     }
 }
@@ -98,7 +101,9 @@ pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &m
             consumer: rng.gen_range(0..consumers),
             producer: rng.gen_range(0..producers),
             items,
-            encode: Duration::from_nanos(rng.gen_range(0..=config.max_encode.as_nanos() as u64)),
+            encode: Duration::from_nanos(rng.gen_range(
+                config.min_encode.as_nanos() as u64..=config.max_encode.max(config.min_encode).as_nanos() as u64,
+            )),
         });
         t += Duration::from_nanos(rng.gen_range(0..=2 * gap_ns));
     }

@@ -97,6 +97,23 @@ pub struct World {
     pub stats: BTreeMap<String, u64>,
     /// Cancels ranks took and abandons producers sent (`reservation-released`).
     pub release: crate::release::ReleaseLedger,
+    /// Items a producer reported pushed, written into its own destination on every rank
+    /// while their request still waited: each must be announced by every rank.
+    pub pushed: BTreeMap<String, Pushed>,
+    /// When a rank host last published a readiness event for a transfer: a READY record
+    /// lives its TTL from then (give or take the backlog's delay).
+    pub announced_at: BTreeMap<(String, String), Instant>,
+}
+
+/// An item its producer reported pushed (see [`World::pushed`]).
+#[derive(Clone, Debug)]
+pub struct Pushed {
+    /// Index into `Topology::consumers`.
+    pub consumer: usize,
+    /// The consumer's rank hosts and their incarnations when the push began: the check
+    /// holds only where no rank ever restarted.
+    pub incarnations: Vec<(String, u32)>,
+    pub at: Instant,
 }
 
 thread_local! {
@@ -137,6 +154,8 @@ impl World {
             dirty: BTreeSet::new(),
             stats: BTreeMap::new(),
             release: crate::release::ReleaseLedger::default(),
+            pushed: BTreeMap::new(),
+            announced_at: BTreeMap::new(),
         }
     }
 
@@ -165,6 +184,12 @@ impl World {
         };
         self.count(name, 1);
         done.then_some(r)
+    }
+
+    /// The incarnation of every rank of `consumer` (0 for a rank not started yet).
+    pub fn rank_incarnations(&self, consumer: usize) -> Vec<(String, u32)> {
+        let ranks = self.topo.consumers.get(consumer).map(|c| c.ranks.clone()).unwrap_or_default();
+        ranks.into_iter().map(|h| (h.clone(), self.incarnations.get(&h).copied().unwrap_or(0))).collect()
     }
 
     /// The live shard of a rank host.
