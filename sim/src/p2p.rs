@@ -11,6 +11,8 @@
 //!   (checked inside the peers, at the poll where it happens);
 //! - `p2p-handshake-liveness`: once the faults stop and the world has been quiet, every
 //!   ordered pair of peers has a ready session that answers requests ([`check_liveness`]).
+//! - `sockets-bounded`: a peer never needs more ZeroMQ sockets than libzmq's context allows
+//!   ([`MAX_SOCKETS`]; checked as each DEALER is opened).
 
 mod ledger;
 mod peer;
