@@ -147,6 +147,14 @@ pub enum FaultKind {
     /// heals (none if 0), so its reconnect races `peer`'s poll, heartbeat and its own
     /// old connection's teardown.
     ReconnectRace { host: String, peer: String, partition_ms: u64, gap_ms: u64 },
+    /// `host`'s application receives `count` requests naming distinct P2P peers where
+    /// nothing listens (spec p2p S10): each opens a DEALER and a monitor that never see a
+    /// DISCONNECTED.
+    PeerFlood { host: String, count: u32 },
+    /// `peer`'s next request to `host` fails to send (its session dies between two manager
+    /// ticks, spec p2p S6), and `host` restarts the moment it does, so its replacement's
+    /// Connect reaches `peer` before `peer`'s next poll.
+    ReplaceRace { host: String, peer: String },
 }
 
 impl FaultKind {
@@ -161,6 +169,8 @@ impl FaultKind {
             FaultKind::SlowHandler { .. } => "slow_handler",
             FaultKind::Malformed { .. } => "malformed",
             FaultKind::ReconnectRace { .. } => "reconnect_race",
+            FaultKind::PeerFlood { .. } => "peer_flood",
+            FaultKind::ReplaceRace { .. } => "replace_race",
         }
     }
 
@@ -175,6 +185,7 @@ impl FaultKind {
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
+            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } => 0,
         }
     }
 
@@ -189,6 +200,8 @@ impl FaultKind {
             FaultKind::OneWay { from, to, .. } | FaultKind::Malformed { from, to, .. } => vec![from, to],
             FaultKind::Crash { host, .. } | FaultKind::SlowHandler { host, .. } => vec![host],
             FaultKind::ReconnectRace { host, peer, .. } => vec![host, peer],
+            FaultKind::PeerFlood { host, .. } => vec![host],
+            FaultKind::ReplaceRace { host, peer } => vec![host, peer],
         }
     }
 
@@ -214,6 +227,9 @@ impl FaultKind {
                 }
                 r
             }
+            FaultKind::PeerFlood { .. } => Vec::new(),
+            // The host restarts when the armed send fails, soon after the fault starts.
+            FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
         }
     }
 }
@@ -420,6 +436,9 @@ impl FaultPlan {
             if let FaultKind::Malformed { count: 0, .. } = f.kind {
                 return Err(FaultError::Invalid { index, what: "a malformed fault needs count >= 1" });
             }
+            if let FaultKind::PeerFlood { count: 0, .. } = f.kind {
+                return Err(FaultError::Invalid { index, what: "a peer flood needs count >= 1" });
+            }
             let (s, e) = (f.at_ms, f.at_ms.saturating_add(f.kind.span_ms()));
             for r in f.kind.resources() {
                 let w = busy.entry(r.clone()).or_default();
@@ -496,6 +515,13 @@ struct HostFaults {
     delays: BTreeMap<String, Duration>,
     /// Per sender: `(to, garbage)` frames still to send, in order.
     malformed: BTreeMap<String, VecDeque<(String, Garbage)>>,
+    /// Per P2P host: requests naming peers nobody listens for, still to arrive.
+    floods: BTreeMap<String, u32>,
+    /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
+    /// index, whose receiver then restarts.
+    send_failures: BTreeMap<(String, String), usize>,
+    /// Restarts a failed send asked for, by fault index: the driver plays them next step.
+    bounces: Vec<(usize, String)>,
 }
 
 thread_local! {
@@ -532,6 +558,28 @@ pub fn take_malformed_to(host: &str, to: &str, msgpack: bool) -> Option<Vec<u8>>
         let i = q.iter().position(|(t, _)| t == to)?;
         let (_, g) = q.remove(i)?;
         Some(g.frame(msgpack))
+    })
+}
+
+/// How many requests naming unreachable peers `host`'s application received (a peer
+/// flood), taken once.
+pub fn take_flood(host: &str) -> Option<u32> {
+    HOST_FAULTS.with(|h| h.borrow_mut().floods.remove(host))
+}
+
+/// Whether `host`'s next request to `to` fails to send (a replace race); if so, `to`
+/// restarts at the driver's next step.
+pub fn take_send_failure(host: &str, to: &str) -> bool {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        match h.send_failures.remove(&(host.to_string(), to.to_string())) {
+            Some(index) => {
+                h.bounces.push((index, to.to_string()));
+                crate::clock::note_activity();
+                true
+            }
+            None => false,
+        }
     })
 }
 
@@ -587,6 +635,15 @@ enum Step {
         to: String,
         count: u32,
         garbage: Garbage,
+    },
+    Flood {
+        host: String,
+        count: u32,
+    },
+    /// Arms a failed send from `from` to `to`; `to` restarts when it happens.
+    ArmSendFailure {
+        from: String,
+        to: String,
     },
 }
 
@@ -658,6 +715,8 @@ impl FaultDriver {
                     // A bounce: the old incarnation's tasks and sockets go, a new one starts.
                     push(t + partition_ms + gap_ms, i, Step::Bounce { host });
                 }
+                FaultKind::PeerFlood { host, count } => push(t, i, Step::Flood { host, count }),
+                FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
             }
         }
         // By time; at one instant heals before new faults, then plan order.
@@ -684,6 +743,12 @@ impl FaultDriver {
                 self.apply(sim, now, i, s);
             }
         }
+        for (i, host) in HOST_FAULTS.with(|h| std::mem::take(&mut h.borrow_mut().bounces)) {
+            // A host that is down (another fault crashed it) has nothing to restart.
+            if sim.is_host_running(host.as_str()) {
+                self.apply(sim, now, i, Step::Bounce { host });
+            }
+        }
     }
 
     /// Ends every fault now: heal steps still pending run at once, faults not yet started
@@ -694,7 +759,13 @@ impl FaultDriver {
                 self.apply(sim, now, i, s);
             }
         }
-        HOST_FAULTS.with(|h| h.borrow_mut().malformed.clear());
+        HOST_FAULTS.with(|h| {
+            let mut h = h.borrow_mut();
+            h.malformed.clear();
+            h.floods.clear();
+            h.send_failures.clear();
+            h.bounces.clear();
+        });
         crate::trace::record_at(now.as_nanos() as u64, "engine", "fault.heal_all", &[]);
     }
 
@@ -791,6 +862,14 @@ impl FaultDriver {
                     "arm",
                     &[("from", &from), ("to", &to), ("count", &count), ("garbage", &format_args!("{garbage:?}"))],
                 );
+            }
+            Step::Flood { host, count } => {
+                HOST_FAULTS.with(|h| *h.borrow_mut().floods.entry(host.clone()).or_default() += count);
+                rec("flood", &[("host", &host), ("count", &count)]);
+            }
+            Step::ArmSendFailure { from, to } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().send_failures.insert((from.clone(), to.clone()), index));
+                rec("arm_send_failure", &[("from", &from), ("to", &to)]);
             }
         }
         crate::clock::note_activity();

@@ -22,4 +22,14 @@ pub struct Knobs {
     /// The scheduler's `push_wait_timeout_s` (extra config, production default 60 s): how
     /// long a request waits for an item's readiness; `None` keeps the default.
     pub push_wait_timeout: Option<Duration>,
+    /// P2P sessions without the W1+ handshake deadline (`SessionConfig::handshake_timeout =
+    /// None`, mainline W1 and ctlplane's default configuration). Off: the simulated peers
+    /// give a session 30 s to handshake, which heals a lost Connect.
+    pub p2p_no_handshake_deadline: bool,
+    /// `RegistryConfig::max_peers` of every P2P peer; `None` = unbounded (the default).
+    pub p2p_max_peers: Option<usize>,
+    /// A P2P peer whose session was reaped connects again within the same manager tick (a
+    /// request naming the peer arrives right away), instead of after a 200-1000 ms backoff.
+    /// A session that died of a protocol error still backs off, so its Disconnect goes out.
+    pub p2p_immediate_reconnect: bool,
 }

@@ -11,6 +11,8 @@
 //!   (checked inside the peers, at the poll where it happens);
 //! - `p2p-handshake-liveness`: once the faults stop and the world has been quiet, every
 //!   ordered pair of peers has a ready session that answers requests ([`check_liveness`]).
+//! - `sockets-bounded`: a peer never needs more ZeroMQ sockets than libzmq's context allows
+//!   ([`MAX_SOCKETS`]; checked as each DEALER is opened).
 
 mod ledger;
 mod peer;
@@ -22,7 +24,7 @@ use ctlplane_core::p2p::T0Switches;
 use crate::topology::Topology;
 
 pub use ledger::LIVENESS_WINDOW;
-pub use peer::{peer_id, PeerConfig, HEARTBEAT_TTL, PORT};
+pub use peer::{peer_id, PeerConfig, PeerSettings, HEARTBEAT_TTL, MAX_SOCKETS, PORT};
 
 /// How long the world needs, after the last fault heals, before [`check_liveness`] can
 /// hold. W1 sends a Connect once per session, so a lost Connect or Ack is recovered only
@@ -36,11 +38,25 @@ pub fn install(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64) {
     install_with(sim, topo, seed, T0Switches::default());
 }
 
-/// [`install`] with historical transport behaviours switched on (race catalogue).
+/// [`install`] with historical transport behaviours switched on (race catalogue). The
+/// scenario's knobs and the manager's switch come from the run's world when one is
+/// installed.
 pub fn install_with(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: T0Switches) {
+    let settings = crate::hosts::world::try_with(|w| PeerSettings {
+        no_handshake_deadline: w.knobs.p2p_no_handshake_deadline,
+        max_peers: w.knobs.p2p_max_peers,
+        immediate_reconnect: w.knobs.p2p_immediate_reconnect,
+        manager: w.regressions.manager,
+    })
+    .unwrap_or_default();
+    install_tuned(sim, topo, seed, t0, settings);
+}
+
+/// [`install_with`] with explicit peer settings.
+pub fn install_tuned(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: T0Switches, settings: PeerSettings) {
     ledger::reset(&topo.p2p_peers);
     for name in &topo.p2p_peers {
-        let cfg = Rc::new(PeerConfig { name: name.clone(), peers: topo.p2p_peers.clone(), seed, t0 });
+        let cfg = Rc::new(PeerConfig { name: name.clone(), peers: topo.p2p_peers.clone(), seed, t0, settings });
         sim.host(name.as_str(), move || peer::run(cfg.clone()));
     }
 }

@@ -43,6 +43,18 @@ pub enum Bias {
     /// Lost requests: one-way partitions from a producer to a rank, so its requests to
     /// that rank wait out the control timeout one at a time.
     LostRequests,
+    /// Invalid P2P messages between the peers: the receiving session dies of a protocol
+    /// error and its Disconnect kills the sender's, so both reconnect.
+    P2pProtocolError,
+    /// A P2P session dies of a failed send between two manager ticks while its peer
+    /// restarts (`FaultKind::ReplaceRace`).
+    ReplaceRace,
+    /// A P2P peer's application names hundreds of peers where nothing listens.
+    PeerFlood,
+    /// A P2P peer restarts while partitioned from the other (its FIN is lost), and the
+    /// partition heals within the heartbeat timeout: the other side's ROUTER still holds
+    /// the old incarnation's identity when the new one connects.
+    SilentRestart,
 }
 
 /// What a scenario name resolves to.
@@ -65,8 +77,12 @@ pub fn bias_of(scenario: &str) -> Bias {
         "ec-s1" => Bias::Malformed,
         "ec-s9" => Bias::SlowHandler,
         "ec-s10" | "ec-s16" | "ec-s17" => Bias::LostReplies,
-        "p2p-s1" | "p2p-s2" | "p2p-s4" | "p2p-s5" | "p2p-s6" => Bias::ReconnectRace,
-        "p2p-s3" | "p2p-s7" => Bias::PeerCrash,
+        "p2p-s5" => Bias::ReconnectRace,
+        "p2p-s3" => Bias::PeerCrash,
+        "p2p-s7" => Bias::SilentRestart,
+        "p2p-s1" | "p2p-s4" => Bias::P2pProtocolError,
+        "p2p-s2" | "p2p-s6" => Bias::ReplaceRace,
+        "p2p-s10" => Bias::PeerFlood,
         "ec-s13" => Bias::LostRequests,
         _ => Bias::None,
     }
@@ -74,15 +90,22 @@ pub fn bias_of(scenario: &str) -> Bias {
 
 /// The world settings of a race scenario (production's for the rest).
 pub fn knobs_of(scenario: &str) -> Knobs {
+    let mut k = Knobs::default();
     match scenario {
         // A scheduler that gives up before the producer's control timeout (spec S15's
         // deployment waited 20 s), so its cancel can overtake a reserve stuck behind one.
-        "ec-s13" => Knobs { push_wait_timeout: Some(S13_PUSH_WAIT), ..Knobs::default() },
-        "ec-s11" => knobs_s11(),
-        "ec-s12" => knobs_s12(),
-        "ec-s14" => knobs_s14(),
-        _ => Knobs::default(),
+        "ec-s13" => k.push_wait_timeout = Some(S13_PUSH_WAIT),
+        "ec-s11" => k = knobs_s11(),
+        "ec-s12" => k = knobs_s12(),
+        "ec-s14" => k = knobs_s14(),
+        // A request names the peer right after its session was reaped, before the next
+        // poll sweeps the dead registration.
+        "p2p-s1" | "p2p-s4" => k.p2p_immediate_reconnect = true,
+        // Mainline W1 sessions: a lost Connect is never retried nor timed out.
+        "p2p-s5" | "p2p-s7" | "p2p-s10" => k.p2p_no_handshake_deadline = true,
+        _ => {}
     }
+    k
 }
 
 /// EC S12: encoders that finish 310 to 420 s after the push reserved, past the 300 s TTL
@@ -218,6 +241,44 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
             Bias::LostReplies => {
                 let (Some(from), Some(to)) = (pick(&mut rng, &ranks), pick(&mut rng, &topo.producers)) else { return };
                 FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) }
+            }
+            Bias::P2pProtocolError => {
+                let (Some(from), Some(to)) = (pick(&mut rng, peers), pick(&mut rng, peers)) else { return };
+                if from == to {
+                    continue;
+                }
+                FaultKind::Malformed { from, to, count: 1, garbage: Garbage::WrongTypes }
+            }
+            Bias::ReplaceRace => {
+                let Some(host) = pick(&mut rng, peers) else { return };
+                let others: Vec<String> = peers.iter().filter(|p| **p != host).cloned().collect();
+                let Some(peer) = pick(&mut rng, &others) else { return };
+                FaultKind::ReplaceRace { host, peer }
+            }
+            Bias::PeerFlood => {
+                let Some(host) = pick(&mut rng, peers) else { return };
+                FaultKind::PeerFlood { host, count: rng.gen_range(360..=480) }
+            }
+            Bias::SilentRestart => {
+                let Some(host) = pick(&mut rng, peers) else { return };
+                let others: Vec<String> = peers.iter().filter(|p| **p != host).cloned().collect();
+                let Some(peer) = pick(&mut rng, &others) else { return };
+                let for_ms = rng.gen_range(1_000..=6_000);
+                let at_ms = rng.gen_range(1_000..horizon - for_ms);
+                let bounce_ms = at_ms + rng.gen_range(100..=for_ms / 2);
+                let mut candidate = plan.clone();
+                candidate
+                    .faults
+                    .push(Fault { at_ms, kind: FaultKind::Partition { a: host.clone(), b: peer.clone(), for_ms } });
+                candidate.faults.push(Fault {
+                    at_ms: bounce_ms,
+                    kind: FaultKind::ReconnectRace { host, peer, partition_ms: 0, gap_ms: 0 },
+                });
+                candidate.faults.sort_by_key(|f| f.at_ms);
+                if candidate.validate(topo).is_ok() {
+                    *plan = candidate;
+                }
+                continue;
             }
             Bias::ReconnectRace | Bias::PeerCrash => {
                 let Some(host) = pick(&mut rng, peers) else { return };

@@ -134,6 +134,8 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
             (None, Some(g)) => *gap_ms = g,
             (None, None) => return None,
         },
+        FaultKind::PeerFlood { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
+        FaultKind::ReplaceRace { .. } => return None,
     }
     Some(k)
 }

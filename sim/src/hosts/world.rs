@@ -227,6 +227,11 @@ pub fn with<R>(f: impl FnOnce(&mut World) -> R) -> R {
     })
 }
 
+/// Runs `f` on the world if one is installed (a P2P world may run without the EC one).
+pub fn try_with<R>(f: impl FnOnce(&mut World) -> R) -> Option<R> {
+    WORLD.with(|w| w.borrow_mut().as_mut().map(f))
+}
+
 /// A host program starts: its incarnation number (0 the first time).
 pub fn start_incarnation(host: &str) -> u32 {
     with(|w| {

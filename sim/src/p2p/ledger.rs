@@ -49,6 +49,8 @@ struct Ledger {
     pairs: BTreeMap<(String, String), PairRecord>,
     /// Latest simulated time any peer reported, ns.
     last_ns: u64,
+    /// Incarnations already reported by `sockets-bounded` (once each).
+    over_sockets: BTreeSet<(String, u32)>,
 }
 
 thread_local! {
@@ -130,6 +132,25 @@ pub fn registered(host: &str, inc: u32, conns: &BTreeSet<u64>) {
             l.dirty.insert(k);
         }
     });
+}
+
+/// `host` (incarnation `inc`) is about to hold `sockets` sockets in its context, whose
+/// limit is `max`. `sockets-bounded`: the P2P transport never needs more sockets than
+/// libzmq's context allows (spec p2p S10: about 340 unreachable peers exhaust 1023, and
+/// EngineCore dies). Reported once per incarnation.
+pub fn sockets_needed(host: &str, inc: u32, sockets: usize, max: usize) {
+    if sockets <= max {
+        return;
+    }
+    let first = with(|l| l.over_sockets.insert((host.to_string(), inc)));
+    if first {
+        oracle::violate_at(
+            now_or_last(),
+            "sockets-bounded",
+            host,
+            format!("incarnation {inc} needs {sockets} ZeroMQ sockets, the context allows {max}"),
+        );
+    }
 }
 
 /// `host`'s session with `peer` completed its handshake.

@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
+use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
 use ctlplane_core::p2p::messages::Message;
-use ctlplane_core::p2p::session::{HandshakeSession, SessionConfig, SessionEvent, HANDSHAKE_TIMEOUT};
+use ctlplane_core::p2p::session::{DeathReason, HandshakeSession, SessionConfig, SessionEvent, HANDSHAKE_TIMEOUT};
 use ctlplane_core::p2p::{
-    value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches,
+    value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
 };
 use ctlplane_core::time::Instant;
 use rand::{Rng, SeedableRng};
@@ -34,6 +35,28 @@ pub const PORT: u16 = 5710;
 pub const HEARTBEAT_TTL: Duration = Duration::from_millis(10_000);
 /// Requests a session may have unanswered before the peer stops sending it more.
 const MAX_OUTSTANDING: usize = 32;
+/// libzmq's default `ZMQ_MAX_SOCKETS` per context: creating one more socket fails with
+/// EMFILE (spec p2p S10, GHSA-frvg-qw88-hww9).
+pub const MAX_SOCKETS: usize = 1023;
+/// Sockets one connection holds: its DEALER, the monitor PAIR reading it and libzmq's
+/// own PAIR publishing the monitor events.
+const SOCKETS_PER_CONNECTION: usize = 3;
+/// First port of the unreachable peers a peer flood names (nothing listens there).
+const FLOOD_PORT: u16 = PORT + 1;
+
+/// Settings of every peer of a run beyond the T0 switches: the scenario's knobs and the
+/// manager's regression switch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PeerSettings {
+    /// Sessions without the W1+ handshake deadline.
+    pub no_handshake_deadline: bool,
+    /// `RegistryConfig::max_peers`.
+    pub max_peers: Option<usize>,
+    /// Reconnect within the tick that reaped the session.
+    pub immediate_reconnect: bool,
+    /// The argument of `p2p::manager::admit`.
+    pub manager: ManagerRegressions,
+}
 
 /// What a peer host is started with (kept across restarts).
 #[derive(Clone, Debug)]
@@ -45,6 +68,7 @@ pub struct PeerConfig {
     pub seed: u64,
     /// Historical transport behaviours (race catalogue); off by default.
     pub t0: T0Switches,
+    pub settings: PeerSettings,
 }
 
 /// The peer id of host `name`: `"{host}:{port}"`, dialled back verbatim.
@@ -88,6 +112,8 @@ struct Sess {
     id: u64,
     /// Our requests still unanswered, by `kv_request_id`.
     outstanding: BTreeSet<String>,
+    /// It died of a protocol error, so its Disconnect is on the way out.
+    sent_disconnect: bool,
 }
 
 struct Peer {
@@ -105,6 +131,12 @@ struct Peer {
     next_session: u64,
     next_request: u64,
     next_traffic: Instant,
+    settings: PeerSettings,
+    /// The topology's peers (a flood's unreachable peers are not reconnected).
+    known: BTreeSet<String>,
+    /// An error escaped into the engine loop: the mainline manager has no error boundary
+    /// around the transport (the one of PR #51504 comes with `max_peers`), so EngineCore dies.
+    fatal: Option<String>,
 }
 
 /// The host program: binds, connects to every other peer, then ticks until the host is
@@ -120,7 +152,9 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
     let now = clock::now();
     let mut config = RegistryConfig::new(peer_id(&name));
     config.t0 = cfg.t0;
+    config.max_peers = cfg.settings.max_peers;
     let reconnect_at = cfg.peers.iter().filter(|p| **p != name).map(|p| (peer_id(p), now)).collect();
+    let known = cfg.peers.iter().filter(|p| **p != name).map(|p| peer_id(p)).collect();
     let mut peer = Peer {
         name: name.clone(),
         inc,
@@ -134,10 +168,16 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         next_request: 0,
         next_traffic: now + Duration::from_millis(rng.gen_range(100..600)),
         rng,
+        settings: cfg.settings,
+        known,
+        fatal: None,
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
     loop {
         peer.tick().await;
+        if peer.fatal.is_some() {
+            break;
+        }
         let wake = clock::now() + POLL_INTERVAL;
         tokio::select! {
             biased;
@@ -145,6 +185,14 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
             _ = clock::sleep_until(wake) => {}
         }
     }
+    // EngineCore died: the process's sockets go with it and nothing answers any more.
+    let error = peer.fatal.clone().unwrap_or_default();
+    trace::record(&name, "p2p.engine_crash", &[("error", &error)]);
+    for p in peer.sessions.keys() {
+        ledger::gone(&name, host_of(p));
+    }
+    drop(peer);
+    std::future::pending().await
 }
 
 impl Peer {
@@ -152,8 +200,7 @@ impl Peer {
     async fn tick(&mut self) {
         let now = clock::now();
         let accepted = self.poll_transport().await;
-        // A session whose connection was swept or replaced lost it (reap before accept,
-        // so a replacement for a dead same-id session is not refused).
+        // A session whose connection was swept or replaced lost it.
         for (peer, s) in &mut self.sessions {
             let same = self.registry.conn_id(peer) == Some(s.conn) && self.registry.is_alive(peer);
             if s.session.is_alive() && !same {
@@ -161,10 +208,18 @@ impl Peer {
             }
         }
         self.drain_events();
-        self.reap(now);
+        // The mainline manager's tick: accept, session polls, reap. A session that died
+        // since the last reap is still held when its peer's replacement is accepted;
+        // `admit` decides whether it is reaped first (race S6).
         self.accept(accepted, now);
         self.drive_sessions(now).await;
         self.reap(now);
+        if let Some(n) = faults::take_flood(&self.name) {
+            self.flood(n, now).await;
+        }
+        if self.fatal.is_some() {
+            return;
+        }
         if now >= self.next_traffic {
             self.traffic().await;
             self.next_traffic = now + Duration::from_millis(self.rng.gen_range(200..800));
@@ -232,21 +287,34 @@ impl Peer {
         accepted
     }
 
-    /// A session for every newly accepted inbound peer; its first messages are already in
-    /// the registry's buffer for it.
+    /// A session for every newly accepted inbound peer, as `manager::admit` decides given
+    /// the session held for it; its first messages are already in the registry's buffer.
     fn accept(&mut self, accepted: Vec<String>, now: Instant) {
         for peer in accepted {
             let Some(conn) = self.registry.conn_id(&peer) else { continue };
-            if let Some(old) = self.sessions.get(&peer) {
-                // Dead sessions were reaped first, so only a live one can be here; the
-                // mainline manager refuses the newcomer, and its first message with it.
-                oracle::violate(
-                    "p2p-message-lost",
-                    &self.name,
-                    format!("inbound connection from {peer} refused: session {} still holds the peer", old.id),
-                );
-                self.registry.close(&peer);
-                continue;
+            let existing = match self.sessions.get(&peer) {
+                None => Existing::None,
+                Some(s) if s.session.is_alive() => Existing::Alive,
+                Some(_) => Existing::Dead,
+            };
+            match admit(existing, &self.settings.manager) {
+                Admission::Open => {}
+                Admission::ReplaceDead => {
+                    if let Some(old) = self.sessions.remove(&peer) {
+                        trace::record(&self.name, "p2p.reap", &[("peer", &peer), ("session", &old.id)]);
+                    }
+                }
+                Admission::RefuseDuplicate => {
+                    let old = self.sessions.get(&peer).map_or(0, |s| s.id);
+                    // The newcomer is closed ("duplicate connection"), its first message with it.
+                    oracle::violate(
+                        "p2p-message-lost",
+                        &self.name,
+                        format!("inbound connection from {peer} refused: session {old} still holds the peer"),
+                    );
+                    self.registry.close(&peer);
+                    continue;
+                }
             }
             trace::record(&self.name, "p2p.accept", &[("peer", &peer), ("conn", &conn)]);
             self.open_session(peer, conn, now);
@@ -263,8 +331,8 @@ impl Peer {
             config_fingerprint: String::new(),
             hash_seed: "0".into(),
             // W1+: a session whose Connect went unanswered dies after 30 s instead of
-            // stalling forever (race S5), so the pair reconnects.
-            handshake_timeout: Some(HANDSHAKE_TIMEOUT),
+            // stalling forever (race S5), so the pair reconnects. Mainline W1 has none.
+            handshake_timeout: (!self.settings.no_handshake_deadline).then_some(HANDSHAKE_TIMEOUT),
             silent_connect_rejection: false,
         };
         let mut session = HandshakeSession::new(peer.clone(), config);
@@ -274,7 +342,7 @@ impl Peer {
         self.next_session += 1;
         trace::record(&self.name, "p2p.session", &[("peer", &peer), ("conn", &conn), ("session", &id)]);
         self.reconnect_at.remove(&peer);
-        self.sessions.insert(peer, Sess { session, conn, id, outstanding: BTreeSet::new() });
+        self.sessions.insert(peer, Sess { session, conn, id, outstanding: BTreeSet::new(), sent_disconnect: false });
     }
 
     /// Feeds every session what arrived for it, its deadline, then sends what it queued.
@@ -317,6 +385,10 @@ impl Peer {
                 if let Some(s) = self.sessions.get_mut(peer) {
                     s.session.send_failed(&error);
                 }
+                // As the reference's `_do_send`: the connection is marked dead at once.
+                if self.registry.conn_id(peer) == Some(conn) {
+                    self.registry.mark_dead(peer);
+                }
             }
         }
     }
@@ -338,6 +410,9 @@ impl Peer {
                         ledger::ready(&self.name, &host);
                     }
                     SessionEvent::Dead(reason) => {
+                        if let (DeathReason::Protocol(_), Some(s)) = (&reason, self.sessions.get_mut(&peer)) {
+                            s.sent_disconnect = true;
+                        }
                         trace::record(
                             &self.name,
                             "p2p.dead",
@@ -393,8 +468,17 @@ impl Peer {
                 if self.registry.conn_id(&peer) == Some(s.conn) {
                     self.registry.mark_dead(&peer);
                 }
-                let backoff = Duration::from_millis(self.rng.gen_range(200..1_000));
                 trace::record(&self.name, "p2p.reap", &[("peer", &peer), ("session", &s.id)]);
+                if !self.known.contains(&peer) {
+                    continue;
+                }
+                // A Disconnect just queued would go down with a DEALER retired at once
+                // (linger 0): after a protocol error the usual backoff lets it out.
+                let backoff = if self.settings.immediate_reconnect && !s.sent_disconnect {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(self.rng.gen_range(200..1_000))
+                };
                 self.reconnect_at.insert(peer, now + backoff);
             }
         }
@@ -409,18 +493,50 @@ impl Peer {
             .map(|(p, _)| p.clone())
             .collect();
         for peer in due {
-            match self.registry.connect(&peer) {
-                Ok(conn) => {
-                    let _ = self.carry_out().await;
-                    trace::record(&self.name, "p2p.connect", &[("peer", &peer), ("conn", &conn)]);
-                    self.open_session(peer.clone(), conn, now);
-                    self.flush(&peer).await;
+            self.connect_to(peer, now, true).await;
+            if self.fatal.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// Opens an outbound connection and session to `peer`. A refused connect is retried
+    /// after a backoff when `retry`; a duplicate live registration or a DEALER that cannot
+    /// be opened is an error the mainline manager does not catch.
+    async fn connect_to(&mut self, peer: String, now: Instant, retry: bool) {
+        match self.registry.connect(&peer) {
+            Ok(conn) => {
+                let _ = self.carry_out().await;
+                if self.fatal.is_some() || self.registry.conn_id(&peer) != Some(conn) {
+                    return;
                 }
-                Err(e) => {
-                    trace::record(&self.name, "p2p.connect_refused", &[("peer", &peer), ("error", &e)]);
+                trace::record(&self.name, "p2p.connect", &[("peer", &peer), ("conn", &conn)]);
+                self.open_session(peer.clone(), conn, now);
+                self.flush(&peer).await;
+            }
+            Err(e @ TransportError::AlreadyExists(_)) => {
+                trace::record(&self.name, "p2p.connect_refused", &[("peer", &peer), ("error", &e)]);
+                self.fatal = Some(format!("connect to {peer}: {e}"));
+            }
+            Err(e) => {
+                trace::record(&self.name, "p2p.connect_refused", &[("peer", &peer), ("error", &e)]);
+                if retry {
                     let backoff = Duration::from_millis(self.rng.gen_range(200..1_000));
                     self.reconnect_at.insert(peer, now + backoff);
                 }
+            }
+        }
+    }
+
+    /// A peer flood: `n` requests name distinct peers where nothing listens, each opening a
+    /// connection and a session that never handshakes (spec p2p S10).
+    async fn flood(&mut self, n: u32, now: Instant) {
+        trace::record(&self.name, "p2p.flood", &[("count", &n)]);
+        for i in 0..n {
+            let Some(port) = u16::try_from(i).ok().and_then(|i| FLOOD_PORT.checked_add(i)) else { break };
+            self.connect_to(format!("{}:{port}", self.name), now, false).await;
+            if self.fatal.is_some() {
+                return;
             }
         }
     }
@@ -437,6 +553,16 @@ impl Peer {
             }
             let Some(s) = self.sessions.get_mut(&peer) else { continue };
             if s.outstanding.len() >= MAX_OUTSTANDING || !s.session.is_alive() {
+                continue;
+            }
+            if s.session.is_ready() && faults::take_send_failure(&self.name, host_of(&peer)) {
+                // A replace race: this request, sent between two manager ticks, fails.
+                let error = "send refused by the DEALER (fault)";
+                trace::record(&self.name, "p2p.send_failed", &[("peer", &peer), ("error", &error)]);
+                s.session.send_failed(error);
+                if self.registry.conn_id(&peer) == Some(s.conn) {
+                    self.registry.mark_dead(&peer);
+                }
                 continue;
             }
             let kv = format!("{}.{}.{}", self.name, self.inc, self.next_request);
@@ -475,7 +601,14 @@ impl Peer {
         while let Some(action) = self.registry.poll_action() {
             match action {
                 Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
-                    match self.open_dealer(&endpoint, &identity, &monitor).await {
+                    let sockets = 1 + SOCKETS_PER_CONNECTION * (self.dealers.len() + 1);
+                    ledger::sockets_needed(&self.name, self.inc, sockets, MAX_SOCKETS);
+                    let opened = if sockets > MAX_SOCKETS {
+                        Err(ZmqError::Invalid(format!("Too many open files ({sockets} sockets, limit {MAX_SOCKETS})")))
+                    } else {
+                        self.open_dealer(&endpoint, &identity, &monitor).await
+                    };
+                    match opened {
                         Ok((dealer, pair)) => {
                             ledger::opened(&self.name, self.inc, conn);
                             trace::record(
@@ -491,9 +624,11 @@ impl Peer {
                                 "p2p.dealer_open_failed",
                                 &[("peer", &peer), ("conn", &conn), ("error", &e)],
                             );
-                            // Nothing is open: retire the registration, as the production driver.
+                            // Nothing is open: retire the registration, as the production driver,
+                            // and report the error, which escapes into the engine loop.
                             ledger::opened(&self.name, self.inc, conn);
                             self.registry.close(&peer);
+                            self.fatal.get_or_insert(format!("cannot open the control connection to {peer}: {e}"));
                         }
                     }
                 }
