@@ -95,6 +95,19 @@ pub struct World {
     /// Ranks whose book changed since the oracles last looked.
     pub dirty: BTreeSet<String>,
     pub stats: BTreeMap<String, u64>,
+    /// Items a producer reported pushed while their request still waited, by transfer id.
+    pub pushed: BTreeMap<String, Pushed>,
+}
+
+/// An item a producer reported pushed while its request waited: what every rank of its
+/// consumer held then, for the liveness oracle (a pushed item must become available).
+#[derive(Clone, Debug)]
+pub struct Pushed {
+    pub consumer: usize,
+    pub at: Instant,
+    /// Live ranks then: host, rank, incarnation, and whether the rank held the transfer
+    /// (a record in its book, or its readiness already published).
+    pub ranks: Vec<(String, u32, u32, bool)>,
 }
 
 thread_local! {
@@ -134,6 +147,7 @@ impl World {
             published: BTreeMap::new(),
             dirty: BTreeSet::new(),
             stats: BTreeMap::new(),
+            pushed: BTreeMap::new(),
         }
     }
 
@@ -167,6 +181,29 @@ impl World {
     /// The live shard of a rank host.
     pub fn shard(&self, host: &str) -> Option<Rc<RefCell<Shard>>> {
         self.ranks.get(host).map(|r| r.shard.clone())
+    }
+
+    /// A producer reported `transfer_id` pushed: if its request still waits, remember what
+    /// each live rank of its consumer held then.
+    pub fn note_pushed(&mut self, transfer_id: &str, now: Instant) {
+        let Some(&(r, i)) = self.items.get(transfer_id) else { return };
+        if self.requests.get(r).is_none_or(|st| st.fates[i].is_some()) {
+            return;
+        }
+        let consumer = self.workload[r].consumer;
+        let Some(spec) = self.topo.consumers.get(consumer) else { return };
+        let published = self.published.get(&(consumer, transfer_id.to_string()));
+        let ranks = spec
+            .ranks
+            .iter()
+            .filter_map(|host| {
+                let rank = self.ranks.get(host)?;
+                let held = rank.shard.borrow().book().state_of(transfer_id).is_some()
+                    || published.is_some_and(|p| p.contains(&rank.rank));
+                Some((host.clone(), rank.rank, rank.incarnation, held))
+            })
+            .collect();
+        self.pushed.insert(transfer_id.to_string(), Pushed { consumer, at: now, ranks });
     }
 
     /// A rank's program is gone (crashed or stopped): its shard, session and event port
