@@ -7,7 +7,7 @@ use ctlplane_sim::catalogue::{self, check_race};
 
 /// Races found within this many seeds on this build.
 const CAP: u64 = 5;
-const CI_RACES: &[&str] = &["ec-s1", "ec-s6", "p2p-s3"];
+const CI_RACES: &[&str] = &["ec-s1", "ec-s6", "p2p-s3", "ec-s4", "ec-s5", "ec-s8"];
 
 #[test]
 fn ci_races_are_found_with_the_switch_and_pass_with_the_fix() {
@@ -16,8 +16,11 @@ fn ci_races_are_found_with_the_switch_and_pass_with_the_fix() {
         let (seed, _) = r.found.unwrap_or_else(|| panic!("{name} not found within {CAP} seeds"));
         let oracle = r.oracle.clone().expect("an oracle fired");
         assert!(race(name).is_some_and(|r| r.oracles.contains(&oracle.as_str())), "{name}: {oracle}");
-        assert!(r.switched);
-        assert_eq!(r.fixed_runs, seed + 1, "every searched seed reran with the fix");
+        // A race ctlplane still has (no switch) is found as it is and has no fixed run.
+        let switched = race(name).is_some_and(|r| r.switches.is_some());
+        assert_eq!(r.switched, switched);
+        let fixed = if switched { seed + 1 } else { 0 };
+        assert_eq!(r.fixed_runs, fixed, "every searched seed of a switched race reran with the fix");
         assert!(r.fixed_failures.is_empty(), "{name} fails with the fix: {:?}", r.fixed_failures);
         assert!(r.ok());
     }
