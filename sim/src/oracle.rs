@@ -190,6 +190,9 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
     for detail in late {
         violate_at(now_ns, "request-resolves", "engine", detail);
     }
+    for detail in world::with(pushed_never_available) {
+        violate_at(now_ns, "request-resolves", "engine", detail);
+    }
     for (host, shard) in ranks {
         let s = shard.borrow();
         for tid in &tids {
@@ -216,4 +219,39 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
         }
     }
     stats
+}
+
+/// `request-resolves`, second half: an item a producer reported pushed while its request
+/// waited becomes available. An item whose request failed by push-wait breaks it when a
+/// rank that stayed up never published its readiness because the rank never held the
+/// transfer (a push that skipped a shard) or dropped it from a full event backlog; a
+/// readiness lost on the wire (published, then a link or the scheduler failed) does not.
+fn pushed_never_available(w: &mut world::World) -> Vec<String> {
+    let mut out = Vec::new();
+    for (tid, p) in &w.held {
+        let Some(&(r, i)) = w.items.get(tid) else { continue };
+        if w.requests.get(r).and_then(|st| st.fates.get(i).copied().flatten()) != Some(ItemFate::Unavailable) {
+            continue;
+        }
+        let published = w.published.get(&(p.consumer, tid.clone()));
+        for (host, rank, incarnation, held) in &p.ranks {
+            let Some(live) = w.ranks.get(host).filter(|l| l.incarnation == *incarnation) else { continue };
+            if published.is_some_and(|s| s.contains(rank)) {
+                continue;
+            }
+            let dropped = live.shard.borrow().stats().events_dropped;
+            let at = p.at;
+            if !held {
+                out.push(format!(
+                    "{tid} reported pushed at {at} while rank {host} never held it; its request failed by push-wait"
+                ));
+            } else if dropped > 0 {
+                out.push(format!(
+                    "{tid} reported pushed at {at}; rank {host} never published its readiness ({dropped} events \
+                     dropped from its full backlog); its request failed by push-wait"
+                ));
+            }
+        }
+    }
+    out
 }

@@ -55,6 +55,17 @@ pub enum Bias {
     /// partition heals within the heartbeat timeout: the other side's ROUTER still holds
     /// the old incarnation's identity when the new one connects.
     SilentRestart,
+    /// A handler slower than the client timeout on a rank just before its reap fails, so
+    /// requests queue at its REP while the loop sleeps (`ec-s2`).
+    ReapStall,
+    /// The scheduler's first discovery lost (its base rank unreachable from the start),
+    /// so no PULL drains the ranks' events for a control timeout (`ec-s4`).
+    EventsUndrained,
+    /// As [`Bias::EventsUndrained`], plus a producer-rank partition that fails some
+    /// pushes, so requests that arrive while a drain blocks wait in vain (`ec-s5`).
+    SchedulerDiscovery,
+    /// The producer's first `peers` reply lost (`ec-s8`).
+    ProducerDiscovery,
 }
 
 /// What a scenario name resolves to.
@@ -84,6 +95,10 @@ pub fn bias_of(scenario: &str) -> Bias {
         "p2p-s2" | "p2p-s6" => Bias::ReplaceRace,
         "p2p-s10" => Bias::PeerFlood,
         "ec-s13" => Bias::LostRequests,
+        "ec-s2" => Bias::ReapStall,
+        "ec-s4" => Bias::EventsUndrained,
+        "ec-s5" => Bias::SchedulerDiscovery,
+        "ec-s8" => Bias::ProducerDiscovery,
         _ => Bias::None,
     }
 }
@@ -98,6 +113,8 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         "ec-s11" => k = knobs_s11(),
         "ec-s12" => k = knobs_s12(),
         "ec-s14" => k = knobs_s14(),
+        // A backlog bound a control timeout of undrained events exceeds.
+        "ec-s4" => k.max_pending_events = Some(EC_S4_MAX_PENDING_EVENTS),
         // A request names the peer right after its session was reaped, before the next
         // poll sweeps the dead registration.
         "p2p-s1" | "p2p-s4" => k.p2p_immediate_reconnect = true,
@@ -148,6 +165,9 @@ fn knobs_s11() -> Knobs {
 
 /// The push-wait timeout of the `ec-s13` scenario.
 pub const S13_PUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The event backlog bound of the `ec-s4` scenario (production: 4096).
+pub const EC_S4_MAX_PENDING_EVENTS: usize = 8;
 
 /// Resolves a scenario name: a topology name or a race of the catalogue.
 pub fn resolve(name: &str) -> Option<Resolved> {
@@ -223,6 +243,17 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
     let pick = |rng: &mut ChaCha8Rng, v: &[String]| -> Option<String> {
         (!v.is_empty()).then(|| v[rng.gen_range(0..v.len())].clone())
     };
+    if matches!(bias, Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery) {
+        for _ in 0..BIAS_FAULTS {
+            let mut candidate = plan.clone();
+            candidate.faults.extend(timed_bias(bias, &mut rng, topo));
+            candidate.faults.sort_by_key(|f| f.at_ms);
+            if candidate.validate(topo).is_ok() {
+                *plan = candidate;
+            }
+        }
+        return;
+    }
     for _ in 0..BIAS_FAULTS {
         let kind = match bias {
             Bias::None => return,
@@ -295,6 +326,7 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
                 let (Some(from), Some(to)) = (pick(&mut rng, &topo.producers), pick(&mut rng, &ranks)) else { return };
                 FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) }
             }
+            Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery => return,
         };
         let span = kind.span_ms();
         if span >= horizon {
@@ -309,6 +341,46 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
             *plan = candidate;
         }
     }
+}
+
+/// Bias faults pinned to a moment of the run (the reap failure, the first discovery).
+fn timed_bias(bias: Bias, rng: &mut ChaCha8Rng, topo: &Topology) -> Vec<Fault> {
+    let ranks: Vec<String> = topo.ranks().iter().map(|(_, _, h)| h.to_string()).collect();
+    // Rank 0 of each consumer serves its base address (`peers`).
+    let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
+    let pick = |rng: &mut ChaCha8Rng, v: &[String]| -> Option<String> {
+        (!v.is_empty()).then(|| v[rng.gen_range(0..v.len())].clone())
+    };
+    let mut out = Vec::new();
+    match bias {
+        Bias::ReapStall => {
+            let Some(host) = pick(rng, &ranks) else { return out };
+            let fail_ms = regressions::S2_REAP_FAULT_AT.as_nanos() / 1_000_000;
+            let at_ms = rng.gen_range(fail_ms.saturating_sub(6_000)..fail_ms.saturating_sub(500).max(1));
+            let kind = FaultKind::SlowHandler {
+                host,
+                delay_ms: rng.gen_range(31_000..=40_000),
+                for_ms: rng.gen_range(1_000..=4_000),
+            };
+            out.push(Fault { at_ms, kind });
+        }
+        Bias::EventsUndrained | Bias::SchedulerDiscovery => {
+            let (Some(a), Some(b)) = (pick(rng, &topo.schedulers), pick(rng, &bases)) else { return out };
+            out.push(Fault { at_ms: 0, kind: FaultKind::Partition { a, b, for_ms: rng.gen_range(3_000..=15_000) } });
+            if bias == Bias::SchedulerDiscovery {
+                let (Some(a), Some(b)) = (pick(rng, &topo.producers), pick(rng, &ranks)) else { return out };
+                let kind = FaultKind::Partition { a, b, for_ms: rng.gen_range(2_000..=8_000) };
+                out.push(Fault { at_ms: rng.gen_range(0..=4_000), kind });
+            }
+        }
+        Bias::ProducerDiscovery => {
+            let (Some(from), Some(to)) = (pick(rng, &bases), pick(rng, &topo.producers)) else { return out };
+            let kind = FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) };
+            out.push(Fault { at_ms: rng.gen_range(0..=150), kind });
+        }
+        _ => {}
+    }
+    out
 }
 
 #[cfg(test)]

@@ -78,6 +78,18 @@ pub async fn run(host: String) -> turmoil::Result {
     let stop = serve(&host, incarnation, consumer, rank, &shard, &rep, &push).await;
     // Afterwards clients only see timeouts (spec 2.5, races S1, S2).
     crate::trace::record(&host, "ec.shard.stopped", &[("why", &stop.why())]);
+    if let Stop::Halted(why) = &stop {
+        // The reference's `finally` closes the REP with linger 0 while the process stays
+        // up: requests the REP had taken in but the dead loop never read are never answered.
+        let queued = rep.queued_inbound();
+        if queued > 0 {
+            crate::oracle::violate(
+                "rep-answers",
+                &host,
+                format!("{queued} request(s) queued at the REP closed unanswered when the shard halted ({why})"),
+            );
+        }
+    }
     tracing::error!(%host, why = stop.why(), "EC control channel stopped serving");
     drop((rep, push));
     match stop {

@@ -125,7 +125,14 @@ pub async fn run(host: String) -> turmoil::Result {
                     ItemOutcome::Failed { .. } => failed += 1,
                 }
             }
+            let items = workload.get(request as usize).map(|r| r.items.as_slice()).unwrap_or_default();
+            let now = clock::now();
             world::with(|w| {
+                for (item, o) in items.iter().zip(&outcomes) {
+                    if *o == ItemOutcome::Pushed {
+                        w.note_pushed(&item.transfer_id, now);
+                    }
+                }
                 w.count("push.pushed", pushed);
                 w.count("push.skipped", skipped);
                 w.count("push.failed", failed);

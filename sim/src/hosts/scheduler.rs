@@ -102,8 +102,16 @@ pub async fn run(host: String) -> turmoil::Result {
             if let Some(InboxAction::StartDiscovery) = c.inbox.on_drain() {
                 let pass = c.inbox.discovery(&c.base, &topology.borrow());
                 if c.inbox.discovery_blocks_drain() {
-                    // The drain waits for the whole pass (race S5).
+                    // The drain waits for the whole pass (race S5); the stall is traced.
+                    let began = clock::now();
                     let outcome = discover(&discovery, pass, &topology).await;
+                    let blocked_ms = clock::now().as_nanos().saturating_sub(began.as_nanos()) / 1_000_000;
+                    crate::trace::record(
+                        &host,
+                        "ec.drain_blocked",
+                        &[("consumer", &i), ("ms", &blocked_ms), ("ok", &outcome.is_ok())],
+                    );
+                    world::with(|w| w.count("scheduler.drain_blocked_ms", blocked_ms));
                     let _ = tx.send(Msg::Discovered(i, outcome));
                 } else {
                     let (client, tx, topology) = (discovery.clone(), tx.clone(), topology.clone());

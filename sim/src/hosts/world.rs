@@ -103,6 +103,8 @@ pub struct World {
     /// When a rank host last published a readiness event for a transfer: a READY record
     /// lives its TTL from then (give or take the backlog's delay).
     pub announced_at: BTreeMap<(String, String), Instant>,
+    /// Items a producer reported pushed while their request still waited, by transfer id.
+    pub held: BTreeMap<String, Held>,
 }
 
 /// An item its producer reported pushed (see [`World::pushed`]).
@@ -114,6 +116,17 @@ pub struct Pushed {
     /// holds only where no rank ever restarted.
     pub incarnations: Vec<(String, u32)>,
     pub at: Instant,
+}
+
+/// An item a producer reported pushed while its request waited: what every rank of its
+/// consumer held then, for the liveness oracle (a pushed item must become available).
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub consumer: usize,
+    pub at: Instant,
+    /// Live ranks then: host, rank, incarnation, and whether the rank held the transfer
+    /// (a record in its book, or its readiness already published).
+    pub ranks: Vec<(String, u32, u32, bool)>,
 }
 
 thread_local! {
@@ -156,6 +169,7 @@ impl World {
             release: crate::release::ReleaseLedger::default(),
             pushed: BTreeMap::new(),
             announced_at: BTreeMap::new(),
+            held: BTreeMap::new(),
         }
     }
 
@@ -195,6 +209,29 @@ impl World {
     /// The live shard of a rank host.
     pub fn shard(&self, host: &str) -> Option<Rc<RefCell<Shard>>> {
         self.ranks.get(host).map(|r| r.shard.clone())
+    }
+
+    /// A producer reported `transfer_id` pushed: if its request still waits, remember what
+    /// each live rank of its consumer held then.
+    pub fn note_pushed(&mut self, transfer_id: &str, now: Instant) {
+        let Some(&(r, i)) = self.items.get(transfer_id) else { return };
+        if self.requests.get(r).is_none_or(|st| st.fates[i].is_some()) {
+            return;
+        }
+        let consumer = self.workload[r].consumer;
+        let Some(spec) = self.topo.consumers.get(consumer) else { return };
+        let published = self.published.get(&(consumer, transfer_id.to_string()));
+        let ranks = spec
+            .ranks
+            .iter()
+            .filter_map(|host| {
+                let rank = self.ranks.get(host)?;
+                let held = rank.shard.borrow().book().state_of(transfer_id).is_some()
+                    || published.is_some_and(|p| p.contains(&rank.rank));
+                Some((host.clone(), rank.rank, rank.incarnation, held))
+            })
+            .collect();
+        self.held.insert(transfer_id.to_string(), Held { consumer, at: now, ranks });
     }
 
     /// A rank's program is gone (crashed or stopped): its shard, session and event port

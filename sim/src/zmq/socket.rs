@@ -40,6 +40,12 @@ impl Socket {
         self.inner.borrow().live_pipes()
     }
 
+    /// Messages that arrived from live connections and wait for `recv`: a REP closed
+    /// with some queued drops requests it took in and never answers.
+    pub fn queued_inbound(&self) -> usize {
+        self.inner.borrow().pipes.values().map(|p| p.inbox.len()).sum()
+    }
+
     fn ctx(&self) -> Context {
         self.inner.borrow().ctx.clone()
     }
