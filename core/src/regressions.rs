@@ -212,7 +212,7 @@ pub const RACES: &[Race] = &[
         scenario: "p2p-s10",
         title: "socket exhaustion by unbounded peers",
         switches: None,
-        oracles: &["p2p-handshake-liveness"],
+        oracles: &["sockets-bounded", "p2p-handshake-liveness"],
     },
 ];
 

@@ -634,6 +634,7 @@ const ORACLES: &[&str] = &[
     "monitor-closed-once",
     "p2p-message-lost",
     "p2p-handshake-liveness",
+    "sockets-bounded",
 ];
 
 #[test]
@@ -646,7 +647,7 @@ fn every_race_is_documented_with_its_switches_and_oracles() {
     for race in RACES {
         let heading = format!("### {} ", race.scenario);
         assert!(docs.contains(&heading), "docs/races.md lacks {heading:?}");
-        let replay = format!("ctlsim replay --scenario {} --seed <N>", race.scenario);
+        let replay = format!("ctlsim replay --scenario {} --seed ", race.scenario);
         assert!(docs.contains(&replay), "docs/races.md lacks {replay:?}");
         assert_eq!(race.switches.is_none(), race.regressions().is_fixed(), "{}", race.scenario);
         assert!(!race.oracles.is_empty(), "{}", race.scenario);
