@@ -107,7 +107,7 @@ mod tests {
         assert_eq!(idx.sorted(), vec![(7, &a), (7, &b), (7, &c), (9, &b)]);
         idx.remove(7, &b);
         idx.remove(7, &a);
-        assert_eq!(idx.candidates(7), [c.clone()]);
+        assert_eq!(idx.candidates(7), std::slice::from_ref(&c));
         idx.remove(7, &a);
         idx.remove(7, &c);
         assert!(idx.candidates(7).is_empty());
