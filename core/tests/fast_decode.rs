@@ -13,6 +13,7 @@ use ctlplane_core::ec::dtype::DType;
 use ctlplane_core::ec::ids::ReservationId;
 use ctlplane_core::ec::requests::{self, ReserveSpec};
 use ctlplane_core::ec::reservations::Status;
+use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::wire::{
     self, CancelResult, CancelledResult, CompleteResult, ItemReply, Items, PeersResult, ReserveReply, ReserveResult,
     StatusResult,
@@ -211,6 +212,16 @@ fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError
     }
     prop_assert_eq!(wire::parse_json(frame), parsed);
     prop_assert_eq!(wire::decode_reply(frame), wire::decode_reply_general(frame));
+    let reserve = wire::decode_reply_general(frame).map(|r| r.map(|v| ReserveOutcome::from_result(&v)));
+    if let Some(fast) = reserve_outcome::scan_reserve_reply(frame) {
+        prop_assert_eq!(
+            Ok(Ok(Ok(fast))),
+            reserve.clone(),
+            "reserve reply scan of {:?}",
+            String::from_utf8_lossy(frame)
+        );
+    }
+    prop_assert_eq!(reserve_outcome::decode_reserve_reply(frame), reserve);
     Ok(())
 }
 
@@ -430,6 +441,8 @@ proptest! {
     ) {
         let completions: Vec<CompleteResult> =
             completions.into_iter().map(|(completed, became_ready)| CompleteResult { completed, became_ready }).collect();
+        let (direct, general) = (wire::encode_reserve_ok(&reply), wire::encode_ok_general(&reply));
+        prop_assert_eq!(String::from_utf8_lossy(&direct), String::from_utf8_lossy(&general));
         let frames = [
             (wire::encode_ok(&reply), wire::encode_ok_general(&reply)),
             (wire::encode_ok(&Items { items: batch.clone() }), wire::encode_ok_general(&Items { items: batch })),
@@ -444,6 +457,12 @@ proptest! {
             (wire::encode_ok(&CancelResult { cancelled: true }), wire::encode_ok_general(&CancelResult { cancelled: true })),
             (wire::encode_err(&error), wire::encode_err_general(&error)),
         ];
+        let plain = |s: &str| s.bytes().all(|c| (b' '..=b'~').contains(&c) && c != b'"' && c != b'\\');
+        if let ReserveReply::Granted(g) = &reply {
+            if plain(&g.reservation_id) && plain(&g.dst_session) && g.dst_ptr < 10u64.pow(19) && g.nbytes < 10u64.pow(19) {
+                prop_assert!(reserve_outcome::scan_reserve_reply(&frames[0].0).is_some());
+            }
+        }
         for (fast, general) in frames {
             prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
             let mut frame = fast;

@@ -6,7 +6,7 @@
 //! valgrind --tool=callgrind target/release/examples/reserve_roundtrip reserve 3000
 //! ```
 //!
-//! `reserve N`: a `ControlClient` sends N `reserve`s (distinct 32-hex transfer ids and
+//! `reserve N`: a `ControlClient` sends N `reserve`s (`reserve_outcome`: the typed result; distinct 32-hex transfer ids and
 //! 64-hex mm_hashes, 64x128 float16) to a `ConsumerControlServer` serving on a thread of
 //! the same process over loopback TCP. `echo N`: the baseline, a bare libzmq REQ socket
 //! sending the same reserve frame to a REP thread that sends it straight back. `json-echo
@@ -17,7 +17,7 @@
 //! figure is `(I(N2) - I(N1)) / (N2 - N1)`, which cancels start-up and shutdown.
 
 use ctlplane_core::ec::{DType, ShardConfig};
-use ctlplane_zmq::{ConsumerControlServer, ControlClient, ReserveSpec};
+use ctlplane_zmq::{ConsumerControlServer, ControlClient, ReserveGrant, ReserveOutcome, ReserveSpec};
 use rand_core::OsRng;
 use std::time::Instant;
 
@@ -65,8 +65,8 @@ fn reserve(n: u64) {
     let started = Instant::now();
     for i in 0..n {
         renumber(&mut item, i);
-        let result = client.reserve(&addr, &item).unwrap();
-        assert_eq!(result.get("write"), Some(&serde_json::Value::Bool(true)));
+        let outcome = client.reserve_outcome(&addr, &item).unwrap();
+        assert!(matches!(outcome, ReserveOutcome::Granted(ReserveGrant { write: true, .. })));
     }
     let elapsed = started.elapsed();
     println!("{n} reserves in {elapsed:?}; {} live reservations", server.with_shard(|s| s.book().len()));

@@ -13,6 +13,7 @@ use crate::requests::{self, Completion, ReserveSpec};
 use crate::{lock, sockets};
 use ctlplane_core::ec::pyjson;
 use ctlplane_core::ec::request_slot::{Busy, ReplyFate, RequestSlot};
+use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::topology::{TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
 use ctlplane_core::ec::wire::{self, WireError};
 use serde_json::Value;
@@ -69,9 +70,11 @@ struct Conn {
 
 struct Conns {
     closed: bool,
-    /// Idle connections. A request takes its connection out and puts it back when done, so
-    /// a panicking request drops (closes) its socket and `close` never waits for one.
-    idle: HashMap<(ThreadId, String), Conn>,
+    /// Idle connections per thread, by address (a thread talks to a handful of shards, so
+    /// a short list beats hashing the address twice per request). A request takes its
+    /// connection out of its slot and puts it back when done, so a panicking request drops
+    /// (closes) its socket, leaving the slot empty, and `close` never waits for one.
+    idle: HashMap<ThreadId, Vec<(String, Option<Conn>)>>,
 }
 
 /// Sends control requests over reusable per-thread REQ sockets.
@@ -124,32 +127,44 @@ impl ControlClient {
     /// Sends one already-encoded request frame and returns the reply's `result`; an
     /// `ok: false` reply is [`ClientError::Remote`] with the server's text.
     pub fn request_frame(&self, addr: &str, frame: &[u8]) -> Result<Value, ClientError> {
-        match self.exchange(addr, frame)? {
+        match self.exchange(addr, frame, wire::decode_reply)? {
             Ok(result) => Ok(result),
             Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
         }
     }
 
-    fn exchange(&self, addr: &str, frame: &[u8]) -> Result<Result<Value, String>, ClientError> {
-        let key = (std::thread::current().id(), addr.to_string());
+    /// One exchange whose reply `decode` reads: `Ok(result)` or `Err(the server's text)`.
+    fn exchange<T>(
+        &self,
+        addr: &str,
+        frame: &[u8],
+        decode: impl FnOnce(&[u8]) -> Result<Result<T, String>, WireError>,
+    ) -> Result<Result<T, String>, ClientError> {
+        let thread = std::thread::current().id();
         let taken = {
             let mut conns = lock(&self.conns);
             if conns.closed {
                 return Err(ClientError::Closed);
             }
-            conns.idle.remove(&key)
+            conns.slot(thread, addr).take()
         };
         let mut conn = taken.unwrap_or_else(|| Conn { slot: RequestSlot::new(self.timeout), socket: None });
-        let outcome = self.exchange_on(&mut conn, addr, frame);
+        let outcome = self.exchange_on(&mut conn, addr, frame, decode);
         let mut conns = lock(&self.conns);
         if !conns.closed {
-            conns.idle.insert(key, conn);
+            *conns.slot(thread, addr) = Some(conn);
         }
         outcome
     }
 
     /// One lockstep round trip on `conn`; every failure discards its socket.
-    fn exchange_on(&self, conn: &mut Conn, addr: &str, frame: &[u8]) -> Result<Result<Value, String>, ClientError> {
+    fn exchange_on<T>(
+        &self,
+        conn: &mut Conn,
+        addr: &str,
+        frame: &[u8],
+        decode: impl FnOnce(&[u8]) -> Result<Result<T, String>, WireError>,
+    ) -> Result<Result<T, String>, ClientError> {
         let begin = match conn.slot.begin(self.clock.now()) {
             Ok(begin) => begin,
             // Unreachable while a request owns its connection, but never send twice.
@@ -181,7 +196,7 @@ impl ControlClient {
             conn.fail();
             return Err(ClientError::MalformedReply { addr: addr.into() });
         }
-        match wire::decode_reply(&reply) {
+        match decode(&reply) {
             Ok(outcome) => Ok(outcome),
             Err(WireError::NotAnObject(_)) => Err(ClientError::NotAnObject { addr: addr.into() }),
             Err(_) => {
@@ -249,6 +264,18 @@ impl ControlClient {
         self.request_frame(addr, &frame)
     }
 
+    /// One `reserve`, its result read into fields without building a JSON value (see
+    /// [`reserve_outcome`]); a result without the fields a grant needs is
+    /// [`ClientError::UnexpectedResult`].
+    pub fn reserve_outcome(&self, addr: &str, spec: &ReserveSpec) -> Result<ReserveOutcome, ClientError> {
+        let frame = requests::reserve(spec).ok_or_else(|| overflow(std::slice::from_ref(spec)))?;
+        match self.exchange(addr, &frame, reserve_outcome::decode_reserve_reply)? {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(detail)) => Err(unexpected(addr, "reserve", detail)),
+            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
+        }
+    }
+
     /// One `reserve_batch`: per spec, the reserve result or the shard's error text.
     pub fn reserve_batch(&self, addr: &str, specs: &[ReserveSpec]) -> Result<Vec<Result<Value, String>>, ClientError> {
         let frame = requests::reserve_batch(specs).ok_or_else(|| overflow(specs))?;
@@ -299,6 +326,21 @@ impl ControlClient {
     }
 }
 
+impl Conns {
+    /// The connection slot of (`thread`, `addr`), created empty on first use.
+    fn slot(&mut self, thread: ThreadId, addr: &str) -> &mut Option<Conn> {
+        let list = self.idle.entry(thread).or_default();
+        let at = match list.iter().position(|(a, _)| a == addr) {
+            Some(at) => at,
+            None => {
+                list.push((addr.to_string(), None));
+                list.len() - 1
+            }
+        };
+        &mut list[at].1
+    }
+}
+
 impl Conn {
     /// The exchange failed: the slot decides whether the socket goes; if so it is
     /// closed here (its linger is 0, so nothing waits for unsent data).
@@ -309,12 +351,19 @@ impl Conn {
     }
 }
 
-/// Sends `frame` and reads the single-part reply. A multi-part reply is read whole and
-/// answered with an empty frame, which the decoder refuses as malformed.
-fn round_trip(socket: &zmq::Socket, frame: &[u8]) -> zmq::Result<Vec<u8>> {
+/// Sends `frame` and reads the single-part reply, decoded from libzmq's buffer. A
+/// multi-part reply is read whole and answered with an empty frame, which the decoder
+/// refuses as malformed.
+fn round_trip(socket: &zmq::Socket, frame: &[u8]) -> zmq::Result<zmq::Message> {
     socket.send(frame, 0)?;
-    let mut parts = socket.recv_multipart(0)?;
-    Ok(if parts.len() == 1 { parts.pop().unwrap_or_default() } else { Vec::new() })
+    let first = socket.recv_msg(0)?;
+    if !first.get_more() {
+        return Ok(first);
+    }
+    while socket.get_rcvmore()? {
+        socket.recv_msg(0)?;
+    }
+    Ok(zmq::Message::new())
 }
 
 fn overflow(specs: &[ReserveSpec]) -> ClientError {

@@ -20,6 +20,7 @@ mod sockets;
 
 pub use client::{ClientError, ControlClient};
 pub use clock::Clock;
+pub use ctlplane_core::ec::reserve_outcome::{ReserveGrant, ReserveOutcome};
 pub use curve::{CurveClient, CurveError, CurveServer, KeyPair};
 pub use inbox::{DrainCounts, Drained, EventInbox};
 pub use p2p::{P2pError, TransportOptions, ZmqTransport};

@@ -121,19 +121,21 @@ fn flush_events<R: RngCore>(push: &zmq::Socket, shard: &mut ConsumerShard<R>) ->
 /// multi-part request is read and the request is handed to the shard as an empty (hence
 /// undecodable) frame: the client gets "malformed control request" and the channel keeps
 /// serving, where the reference would probably fail its reply and stop.
-fn recv_request(rep: &zmq::Socket) -> Result<Option<Vec<u8>>, LoopError> {
-    let frame = match rep.recv_bytes(0) {
+///
+/// The frame is handed over in libzmq's own buffer, without a copy.
+fn recv_request(rep: &zmq::Socket) -> Result<Option<zmq::Message>, LoopError> {
+    let frame = match rep.recv_msg(0) {
         Ok(frame) => frame,
         Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(None),
         Err(e) => return Err(LoopError::Recv(e)),
     };
-    if !rep.get_rcvmore().map_err(LoopError::Recv)? {
+    if !frame.get_more() {
         return Ok(Some(frame));
     }
     let mut parts = 1usize;
     loop {
         // The rest of a multi-part message has already arrived with its first part.
-        match rep.recv_bytes(0) {
+        match rep.recv_msg(0) {
             Ok(_) => parts += 1,
             Err(zmq::Error::EINTR) => continue,
             Err(e) => return Err(LoopError::Recv(e)),
@@ -143,7 +145,7 @@ fn recv_request(rep: &zmq::Socket) -> Result<Option<Vec<u8>>, LoopError> {
         }
     }
     tracing::warn!(parts, "EC control channel received a multi-part request; answering it as malformed");
-    Ok(Some(Vec::new()))
+    Ok(Some(zmq::Message::new()))
 }
 
 /// `send`, retried when a signal interrupts it.

@@ -2,8 +2,8 @@
 
 mod common;
 
-use common::{raw_router, router_recv, router_send, start_server};
-use ctlplane_zmq::{ClientError, ControlClient};
+use common::{raw_router, router_recv, router_send, spec, start_server};
+use ctlplane_zmq::{ClientError, ControlClient, ReserveOutcome};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,54 @@ fn error_replies_carry_the_server_text_and_keep_the_socket() {
     assert!(matches!(err, ClientError::Remote { .. }));
     assert_eq!(err.to_string(), "unknown control op: 'nonsense'");
     assert_eq!(client.status(server.endpoint(), "nobody").unwrap(), json!(null));
+}
+
+#[test]
+fn typed_reserves_read_what_the_value_api_reads() {
+    let server = start_server(|_| {});
+    let client = ControlClient::new(5_000);
+    let addr = server.endpoint();
+    let ReserveOutcome::Granted(first) = client.reserve_outcome(addr, &spec("t1", "h1")).unwrap() else {
+        panic!("a fresh reserve is granted")
+    };
+    assert!(first.write && !first.ready && !first.cached);
+    assert_eq!((first.nbytes, first.reservation_id.len()), (16384, 32));
+    // A repeat is the same reservation, as the value API shows it.
+    let again = client.reserve(addr, &spec("t1", "h1")).unwrap();
+    assert_eq!(again["reservation_id"], first.reservation_id.as_str());
+    assert_eq!(again["dst_ptr"], first.dst_ptr);
+    assert_eq!(again["dst_session"], first.dst_session.as_str());
+    let Ok(ReserveOutcome::Granted(repeat)) = client.reserve_outcome(addr, &spec("t1", "h1")) else { panic!() };
+    assert!(!repeat.write && repeat.reservation_id == first.reservation_id);
+    assert!(client.cancel(addr, "t2", "", false, false).unwrap());
+    assert_eq!(client.reserve_outcome(addr, &spec("t2", "h2")).unwrap(), ReserveOutcome::Cancelled);
+    let err = client.reserve_outcome(addr, &spec("t1", "other")).unwrap_err();
+    assert!(matches!(err, ClientError::Remote { .. }));
+    assert_eq!(err.to_string(), "conflicting reservation for transfer_id");
+}
+
+#[test]
+fn typed_reserves_refuse_results_without_a_grant_and_keep_the_socket() {
+    let ctx = zmq::Context::new();
+    let (router, addr) = raw_router(&ctx);
+    let server = std::thread::spawn(move || {
+        let (first, _) = router_recv(&router);
+        router_send(&router, &first, br#"{"ok": true, "result": {"dst_session": "s", "dst_ptr": 1, "nbytes": 2}}"#);
+        let (second, _) = router_recv(&router);
+        assert_eq!(first, second, "a completed round trip keeps the socket");
+        // Another key order takes the general path and reads alike.
+        router_send(
+            &router,
+            &second,
+            br#"{"result": {"nbytes": "2", "dst_ptr": 1, "reservation_id": 7, "dst_session": "s", "write": 1}, "ok": 1}"#,
+        );
+    });
+    let client = ControlClient::new(5_000);
+    let err = client.reserve_outcome(&addr, &spec("t", "h")).unwrap_err();
+    assert_eq!(err.to_string(), format!("malformed reserve result from {addr}: no reservation_id"));
+    let ReserveOutcome::Granted(g) = client.reserve_outcome(&addr, &spec("t", "h")).unwrap() else { panic!() };
+    assert_eq!((g.reservation_id.as_str(), g.dst_ptr, g.nbytes, g.write, g.ready), ("7", 1, 2, true, false));
+    server.join().unwrap();
 }
 
 #[test]

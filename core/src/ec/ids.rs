@@ -8,7 +8,7 @@ use rand_core::RngCore;
 use std::fmt;
 
 /// A transfer id: any string, held as 16 bytes when it is 32 lowercase hex digits.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TransferId {
     /// The canonical `uuid4().hex` shape.
     Hex([u8; 16]),
@@ -22,6 +22,20 @@ impl TransferId {
         match parse_hex32(s) {
             Some(bytes) => TransferId::Hex(bytes),
             None => TransferId::Text(s.into()),
+        }
+    }
+}
+
+/// One write per id (the derived hash writes a tag, a length and the bytes): the book
+/// hashes a transfer id on every operation. The two variants never hold the same string.
+impl std::hash::Hash for TransferId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            TransferId::Hex(bytes) => state.write(bytes),
+            TransferId::Text(s) => {
+                state.write_u8(0xff);
+                state.write(s.as_bytes());
+            }
         }
     }
 }
@@ -66,6 +80,13 @@ impl ReservationId {
     /// reservation this server minted.
     pub fn parse(s: &str) -> Option<Self> {
         parse_hex32(s).map(ReservationId)
+    }
+
+    /// The wire form as a `String`, without `fmt`.
+    pub fn to_hex_string(&self) -> String {
+        let hex = self.to_hex();
+        // Hex digits are ASCII.
+        String::from_utf8_lossy(&hex).into_owned()
     }
 
     /// The wire form (32 lowercase hex digits) as bytes, for writers that skip `fmt`.
@@ -175,16 +196,31 @@ fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
     if b.len() != 2 * N {
         return None;
     }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
+    // Branch-free per byte: a table maps lowercase hex digits to their value and every
+    // other byte to a bit (0x10) that survives the OR and refuses the whole id.
+    const BAD: u8 = 0x10;
+    const NIBBLE: [u8; 256] = {
+        let mut t = [BAD; 256];
+        let mut c = 0;
+        while c < 10 {
+            t[b'0' as usize + c] = c as u8;
+            c += 1;
+        }
+        let mut c = 0;
+        while c < 6 {
+            t[b'a' as usize + c] = 10 + c as u8;
+            c += 1;
+        }
+        t
     };
     let mut out = [0u8; N];
-    for (i, pair) in b.chunks_exact(2).enumerate() {
-        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    let mut bad = 0u8;
+    for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+        let (hi, lo) = (NIBBLE[usize::from(pair[0])], NIBBLE[usize::from(pair[1])]);
+        bad |= hi | lo;
+        *o = (hi << 4) | (lo & 0x0f);
     }
-    Some(out)
+    (bad & BAD == 0).then_some(out)
 }
 
 /// Lowercase hex of `bytes` in one `write_str` (formatting byte by byte through
@@ -242,6 +278,20 @@ mod tests {
         assert!(id.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
         assert_eq!(&id[12..13], "4");
         assert!(matches!(&id[16..17], "8" | "9" | "a" | "b"));
+        assert_eq!(ReservationId::parse(&id).map(|r| r.to_hex_string()), Some(id.clone()));
         assert_eq!(ReservationId::parse(&id).map(|r| r.to_string()), Some(id));
+        for bad in [
+            "",
+            "0",
+            &"g".repeat(32),
+            &"A".repeat(32),
+            &"0".repeat(31),
+            &"0".repeat(33),
+            &"/".repeat(32),
+            &":".repeat(32),
+        ] {
+            assert_eq!(ReservationId::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_hex::<2>("09af"), Some([0x09, 0xaf]));
     }
 }

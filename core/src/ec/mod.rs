@@ -16,6 +16,7 @@ pub mod readiness;
 pub mod request_slot;
 pub mod requests;
 pub mod reservations;
+pub mod reserve_outcome;
 pub mod resident;
 pub mod scan;
 pub mod shapes;
@@ -24,6 +25,7 @@ pub mod slab;
 pub mod state;
 pub mod topology;
 pub mod wire;
+pub(crate) mod writer_index;
 
 pub use config::{ConfigError, PortPlan};
 pub use dtype::DType;

@@ -12,10 +12,10 @@ use super::resident::{EntryId, ResidentPool};
 use super::shapes::{ShapeId, ShapeTable};
 use super::slab::{aligned_size, Region, Slab, View};
 use super::state::State;
+use super::writer_index::WriterIndex;
 use crate::time::Instant;
 use rand_core::RngCore;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::ops::Bound;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -247,10 +247,13 @@ pub struct ReservationBook<R> {
     slab: Slab,
     resident: ResidentPool,
     shapes: ShapeTable,
-    records: BTreeMap<TransferId, Record>,
+    /// Records by transfer id: one hash lookup per step of an operation. Only looked up;
+    /// every walk over them sorts by transfer id first, so the map's hashing never
+    /// reaches an output.
+    records: HashMap<TransferId, Record>,
     /// WRITING writers by `mm_hash` fingerprint, for followers to join; a lookup checks
     /// the record's hash, so fingerprint collisions cost a comparison, nothing more.
-    writers: BTreeSet<(u64, TransferId)>,
+    writers: WriterIndex,
     /// Terminal records oldest first.
     tombstones: BTreeMap<u64, TransferId>,
     next_tombstone: u64,
@@ -272,8 +275,8 @@ impl<R: RngCore> ReservationBook<R> {
             slab: Slab::new(pool_bytes),
             resident: ResidentPool::default(),
             shapes: ShapeTable::default(),
-            records: BTreeMap::new(),
-            writers: BTreeSet::new(),
+            records: HashMap::new(),
+            writers: WriterIndex::default(),
             tombstones: BTreeMap::new(),
             next_tombstone: 0,
             next_due: NEVER,
@@ -366,7 +369,8 @@ impl<R: RngCore> ReservationBook<R> {
             return Ok(Reserved::Granted { reservation_id, view, write: false, ready: true, cached: true });
         }
         // Rule 7: share an in-flight writer's destination.
-        if let Some(writer_tid) = self.writer_for(&req.mm_hash) {
+        let fp = fingerprint_str(&req.mm_hash);
+        if let Some(writer_tid) = self.writer_for(fp, &req.mm_hash) {
             let Some(writer) = self.records.get(&writer_tid) else { return Err(ReserveError::ConflictingInFlight) };
             if self.shapes.get(writer.shape) != req.shape.as_slice() || writer.dtype != req.dtype {
                 return Err(ReserveError::ConflictingInFlight);
@@ -397,7 +401,7 @@ impl<R: RngCore> ReservationBook<R> {
         // Rule 8: allocate, reaping and then evicting residents under pressure.
         let view = self.allocate(req.nbytes, now).ok_or(ReserveError::PoolFull)?;
         let mm_hash = MmHash::new(&req.mm_hash);
-        self.writers.insert((mm_hash.fingerprint(), tid.clone()));
+        self.writers.insert(fp, tid.clone());
         let rec = self.new_record(req, mm_hash, State::Writing, Dest::Own(view.region.offset), None, now);
         let reservation_id = rec.reservation_id.unwrap_or_else(|| ReservationId::generate(&mut self.rng));
         self.records.insert(tid, rec);
@@ -405,12 +409,10 @@ impl<R: RngCore> ReservationBook<R> {
     }
 
     /// The WRITING writer of `mm_hash`, if any.
-    fn writer_for(&self, mm_hash: &str) -> Option<TransferId> {
-        let fp = fingerprint_str(mm_hash);
+    fn writer_for(&self, fp: u64, mm_hash: &str) -> Option<TransferId> {
         self.writers
-            .range((Bound::Included((fp, TransferId::Hex([0; 16]))), Bound::Unbounded))
-            .take_while(|(f, _)| *f == fp)
-            .map(|(_, t)| t)
+            .candidates(fp)
+            .iter()
             .find(|t| {
                 self.records
                     .get(*t)
@@ -604,12 +606,13 @@ impl<R: RngCore> ReservationBook<R> {
         let mut expired = 0;
         let grace = self.config.regressions.s11_grace_period_free.is_some();
         if now >= self.next_due {
-            let due: Vec<TransferId> = self
+            let mut due: Vec<TransferId> = self
                 .records
                 .iter()
                 .filter(|(_, r)| r.state.is_active() && r.deadline <= now)
                 .map(|(tid, _)| tid.clone())
                 .collect();
+            due.sort_unstable();
             for tid in due {
                 let Some(rec) = self.records.get(&tid) else { continue };
                 match (rec.state, rec.is_follower()) {
@@ -704,7 +707,8 @@ impl<R: RngCore> ReservationBook<R> {
     /// WRITING writers (their memory stays until they complete or are abandoned).
     pub fn begin_shutdown(&mut self, now: Instant) {
         self.shutting_down = true;
-        let ids: Vec<TransferId> = self.records.keys().cloned().collect();
+        let mut ids: Vec<TransferId> = self.records.keys().cloned().collect();
+        ids.sort_unstable();
         for tid in &ids {
             if let Some(rec) = self.records.get(tid) {
                 if rec.state == State::Ready || (rec.state == State::Writing && rec.is_follower()) {
@@ -766,11 +770,19 @@ impl<R: RngCore> ReservationBook<R> {
 
     /// Regions whose memory a remote writer may still write (writer-owned writers).
     pub fn writer_owned_regions(&self) -> Vec<Region> {
-        self.records
-            .values()
+        self.sorted_records()
+            .into_iter()
+            .map(|(_, r)| r)
             .filter(|r| r.state.is_writer_owned() && !r.is_follower())
             .filter_map(|r| r.owned().map(|v| v.region))
             .collect()
+    }
+
+    /// Every record in transfer id order: how every walk that can reach an output sees them.
+    fn sorted_records(&self) -> Vec<(&TransferId, &Record)> {
+        let mut all: Vec<(&TransferId, &Record)> = self.records.iter().collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        all
     }
 
     /// Every region handed out, in address order: writers' own regions and resident
@@ -869,7 +881,7 @@ impl<R: RngCore> ReservationBook<R> {
 
     fn unindex_writer(&mut self, tid: &TransferId) {
         if let Some(rec) = self.records.get(tid) {
-            self.writers.remove(&(rec.mm_hash.fingerprint(), tid.clone()));
+            self.writers.remove(rec.mm_hash.fingerprint(), tid);
         }
     }
 
@@ -947,7 +959,7 @@ impl<R: RngCore> ReservationBook<R> {
             return Err(format!("owned regions cover {total} bytes, the slab handed out {}", self.slab.used_bytes()));
         }
         let mut shape_refs: BTreeMap<ShapeId, u32> = BTreeMap::new();
-        for (tid, r) in &self.records {
+        for (tid, r) in self.sorted_records() {
             *shape_refs.entry(r.shape).or_default() += 1;
             if r.state.is_writer_owned() && !r.is_follower() && r.owned().is_none() {
                 return Err(format!("writer-owned writer {tid:?} ({}) lost its destination", r.state));
@@ -1009,9 +1021,9 @@ impl<R: RngCore> ReservationBook<R> {
                 return Err(format!("tombstone {seq} -> {tid:?} is stale"));
             }
         }
-        for (fp, tid) in &self.writers {
+        for (fp, tid) in self.writers.sorted() {
             match self.records.get(tid) {
-                Some(r) if r.state == State::Writing && !r.is_follower() && r.mm_hash.fingerprint() == *fp => {}
+                Some(r) if r.state == State::Writing && !r.is_follower() && r.mm_hash.fingerprint() == fp => {}
                 _ => return Err(format!("writer index {fp:x} -> {tid:?} is stale")),
             }
         }

@@ -203,7 +203,7 @@ impl<R: RngCore> ConsumerShard<R> {
             }
             Request::Reserve(item) => {
                 let reply = self.reserve_one(item, now)?;
-                Ok(wire::encode_ok(&reply))
+                Ok(wire::encode_reserve_ok(&reply))
             }
             Request::ReserveBatch(items) => {
                 let items = items
@@ -248,7 +248,7 @@ impl<R: RngCore> ConsumerShard<R> {
                     self.queue_ready(&req.transfer_id);
                 }
                 ReserveReply::Granted(ReserveResult {
-                    reservation_id: reservation_id.to_string(),
+                    reservation_id: reservation_id.to_hex_string(),
                     dst_session: self.config.dst_session.clone(),
                     dst_ptr: self.config.slab_base.saturating_add(view.region.offset),
                     nbytes: req.nbytes,
