@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod dumps;
 pub mod ids;
 pub mod inbox;
+pub(crate) mod keyed_hash;
 pub mod producer;
 pub mod pyjson;
 pub mod readiness;

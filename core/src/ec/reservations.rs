@@ -7,6 +7,7 @@
 
 use super::dtype::DType;
 use super::ids::{fingerprint_str, MmHash, ReservationId, TransferId};
+use super::keyed_hash::KeyedHash;
 use super::pyjson::str_repr;
 use super::resident::{EntryId, ResidentPool};
 use super::shapes::{ShapeId, ShapeTable};
@@ -250,7 +251,7 @@ pub struct ReservationBook<R> {
     /// Records by transfer id: one hash lookup per step of an operation. Only looked up;
     /// every walk over them sorts by transfer id first, so the map's hashing never
     /// reaches an output.
-    records: HashMap<TransferId, Record>,
+    records: HashMap<TransferId, Record, KeyedHash>,
     /// WRITING writers by `mm_hash` fingerprint, for followers to join; a lookup checks
     /// the record's hash, so fingerprint collisions cost a comparison, nothing more.
     writers: WriterIndex,
@@ -268,15 +269,17 @@ pub struct ReservationBook<R> {
 
 impl<R: RngCore> ReservationBook<R> {
     /// A book over a fresh slab of `pool_bytes`; `rng` mints reservation ids.
-    pub fn new(pool_bytes: u64, config: BookConfig, rng: R) -> Self {
+    pub fn new(pool_bytes: u64, config: BookConfig, mut rng: R) -> Self {
+        let records = HashMap::with_hasher(KeyedHash::from_rng(&mut rng));
+        let writers = WriterIndex::with_hasher(KeyedHash::from_rng(&mut rng));
         ReservationBook {
             config,
             rng,
             slab: Slab::new(pool_bytes),
             resident: ResidentPool::default(),
             shapes: ShapeTable::default(),
-            records: HashMap::new(),
-            writers: WriterIndex::default(),
+            records,
+            writers,
             tombstones: BTreeMap::new(),
             next_tombstone: 0,
             next_due: NEVER,

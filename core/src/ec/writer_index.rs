@@ -6,6 +6,7 @@
 //! the map itself except [`WriterIndex::sorted`], which sorts.
 
 use super::ids::TransferId;
+use super::keyed_hash::KeyedHash;
 use std::collections::HashMap;
 
 /// The writers of one fingerprint; almost always exactly one.
@@ -19,7 +20,14 @@ enum Bucket {
 /// The index: fingerprint -> writers.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct WriterIndex {
-    map: HashMap<u64, Bucket>,
+    map: HashMap<u64, Bucket, KeyedHash>,
+}
+
+impl WriterIndex {
+    /// An empty index whose map hashes with `hash`.
+    pub(crate) fn with_hasher(hash: KeyedHash) -> Self {
+        WriterIndex { map: HashMap::with_hasher(hash) }
+    }
 }
 
 impl WriterIndex {
