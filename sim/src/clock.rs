@@ -21,6 +21,8 @@ use ctlplane_core::time::Instant;
 struct ClockState {
     /// Registered wake-up deadlines (ns since the start of the run) and how many sleepers each.
     deadlines: BTreeMap<u64, usize>,
+    /// The same per host, so a step can leave out the hosts with no timer due in it.
+    host_deadlines: BTreeMap<IpAddr, BTreeMap<u64, usize>>,
     /// Bytes written to a stream and not yet read at the other end, per (from, to) host pair.
     in_flight: BTreeMap<(IpAddr, IpAddr), i64>,
     /// Streams being set up (a connect in progress).
@@ -53,7 +55,7 @@ pub async fn sleep_until(at: Instant) {
         return;
     }
     let key = at.as_nanos();
-    let _guard = DeadlineGuard::register(key);
+    let _guard = DeadlineGuard::register(turmoil::current_host_addr(), key);
     tokio::time::sleep(Duration::from_nanos(key - now.as_nanos())).await;
 }
 
@@ -62,12 +64,32 @@ pub async fn sleep(d: Duration) {
     sleep_until(now() + d).await;
 }
 
-struct DeadlineGuard(u64);
+/// A registered deadline, removed again when the sleep ends or is dropped.
+struct DeadlineGuard {
+    host: Option<IpAddr>,
+    key: u64,
+}
 
 impl DeadlineGuard {
-    fn register(key: u64) -> Self {
-        STATE.with(|s| *s.borrow_mut().deadlines.entry(key).or_insert(0) += 1);
-        DeadlineGuard(key)
+    fn register(host: Option<IpAddr>, key: u64) -> Self {
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            *s.deadlines.entry(key).or_insert(0) += 1;
+            if let Some(h) = host {
+                *s.host_deadlines.entry(h).or_default().entry(key).or_insert(0) += 1;
+            }
+        });
+        DeadlineGuard { host, key }
+    }
+}
+
+/// Takes one sleeper off `key`, dropping the entry with the last.
+fn unregister(deadlines: &mut BTreeMap<u64, usize>, key: u64) {
+    if let Some(n) = deadlines.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            deadlines.remove(&key);
+        }
     }
 }
 
@@ -75,10 +97,10 @@ impl Drop for DeadlineGuard {
     fn drop(&mut self) {
         STATE.with(|s| {
             let mut s = s.borrow_mut();
-            if let Some(n) = s.deadlines.get_mut(&self.0) {
-                *n -= 1;
-                if *n == 0 {
-                    s.deadlines.remove(&self.0);
+            unregister(&mut s.deadlines, self.key);
+            if let Some(h) = self.host {
+                if let Some(d) = s.host_deadlines.get_mut(&h) {
+                    unregister(d, self.key);
                 }
             }
         });
@@ -137,6 +159,12 @@ pub fn note_activity() {
 /// Earliest registered deadline, ns since the start of the run.
 pub fn next_deadline() -> Option<u64> {
     STATE.with(|s| s.borrow().deadlines.keys().next().copied())
+}
+
+/// Earliest deadline registered by a sleeper on host `host`, ns since the start of the run:
+/// the engine's wake hint, which lets a turmoil step leave out hosts with nothing due.
+pub fn next_deadline_of(host: IpAddr) -> Option<u64> {
+    STATE.with(|s| s.borrow().host_deadlines.get(&host).and_then(|d| d.keys().next().copied()))
 }
 
 /// Host pairs with bytes on the wire, and whether a connect is in progress.

@@ -5,11 +5,14 @@
 //! *quiet* (until [`END`], long enough for push-wait timeouts, reservation TTLs and P2P
 //! re-handshakes), then the liveness checks. Safety oracles run after every step.
 //!
-//! Stepping: turmoil advances every host by one tick per step. The engine picks each
-//! tick: one millisecond while bytes are on a link that delivers, a connect is in progress
-//! or the last step did anything; otherwise a jump to the earliest deadline any host (or
-//! the fault driver) waits for. Hosts sleep only through `crate::clock`, so no deadline
-//! is jumped over.
+//! Stepping: turmoil advances the hosts by one tick per step, and a step leaves out the
+//! hosts with nothing to do (no task ready, no message delivered, no timer due in the
+//! tick). The engine picks each tick before the step: one millisecond while some message is
+//! on its way to a running host or some host has a task ready to run (what it sends then
+//! arrives at the end of the step, so the tick is its latency); otherwise nothing changes
+//! before the next timer, and the tick reaches to the earliest deadline any host (or the
+//! fault driver) waits for, or the last one within [`COALESCE`] of it. Hosts sleep only
+//! through `crate::clock`, so no deadline is jumped over.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -38,11 +41,6 @@ pub const END: Duration = Duration::from_secs(520);
 pub const LINK_LATENCY: Duration = Duration::from_millis(1);
 /// The fine tick, while anything is on the move.
 const FINE_TICK: Duration = Duration::from_millis(1);
-/// Bytes on the wire that no read has moved for this long are wedged: turmoil's TCP has no
-/// retransmit, so a segment lost to a partition stalls its stream for good (until a
-/// heartbeat or the application gives up on the connection). With 1 ms links, live bytes
-/// move within a few milliseconds; wedged ones must not hold the engine at the fine tick.
-const STALL: Duration = Duration::from_millis(20);
 /// The longest idle jump.
 const MAX_JUMP: Duration = Duration::from_secs(5);
 /// Timer slack of an idle jump: it lands on the last deadline within this window of the
@@ -95,6 +93,21 @@ pub struct RunReport {
     pub stats: BTreeMap<String, u64>,
 }
 
+/// How the engine steps turmoil; the defaults are what every run uses. The switches exist
+/// so tests can show that a shortcut changes nothing a run observes.
+#[derive(Clone, Copy, Debug)]
+pub struct StepOptions {
+    /// Leave out of a step the hosts with nothing to do (no task ready, no message
+    /// delivered, no timer due in the tick). Off: every running host is ticked every step.
+    pub skip_idle_hosts: bool,
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        StepOptions { skip_idle_hosts: true }
+    }
+}
+
 /// Runs one seed. Never panics on a violation; a host panic or a turmoil error is reported
 /// as a violation (`host-panic`, `sim-error`) and ends the run early.
 pub fn run(cfg: &RunConfig) -> RunReport {
@@ -109,6 +122,11 @@ pub fn run_with(cfg: &RunConfig, regressions: &Regressions) -> RunReport {
 
 /// [`run_with`] in a world whose settings a scenario changed (`crate::knobs`).
 pub fn run_tuned(cfg: &RunConfig, regressions: &Regressions, knobs: &Knobs) -> RunReport {
+    run_with_options(cfg, regressions, knobs, StepOptions::default())
+}
+
+/// [`run_tuned`], stepping as `opts` says.
+pub fn run_with_options(cfg: &RunConfig, regressions: &Regressions, knobs: &Knobs, opts: StepOptions) -> RunReport {
     clock::reset();
     trace::reset(cfg.keep_trace);
     oracle::reset();
@@ -118,7 +136,7 @@ pub fn run_tuned(cfg: &RunConfig, regressions: &Regressions, knobs: &Knobs) -> R
         return report(cfg, plan, Duration::ZERO, 0, BTreeMap::new());
     };
     let plan = cfg.plan.clone().unwrap_or_else(|| FaultPlan::draw(cfg.seed, &topo, ACTIVE));
-    let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan, regressions, knobs);
+    let (steps, sim_time, mut stats) = run_world(cfg.seed, &topo, &plan, regressions, knobs, opts);
     stats.insert("steps".to_string(), steps);
     stats.insert("trace.events".to_string(), trace::count());
     report(cfg, plan, sim_time, steps, stats)
@@ -148,6 +166,7 @@ fn run_world(
     plan: &FaultPlan,
     regressions: &Regressions,
     knobs: &Knobs,
+    opts: StepOptions,
 ) -> (u64, Duration, BTreeMap<String, u64>) {
     let requests = workload::draw(
         &knobs.workload,
@@ -167,11 +186,16 @@ fn run_world(
     crate::hosts::install(&mut sim, topo);
     crate::p2p::install_with(&mut sim, topo, seed, regressions.t0);
     let mut driver = FaultDriver::new(plan);
-    let rank_hosts: Vec<String> = topo.ranks().iter().map(|(_, _, h)| h.to_string()).collect();
+    // A step leaves out the hosts with nothing to do: every host timer is a registered
+    // sleep (`clock::sleep_until`), so the clock knows each host's next deadline.
+    if opts.skip_idle_hosts {
+        sim.set_wake_hint(|addr| clock::next_deadline_of(addr).map(Duration::from_nanos));
+    }
+    let rank_hosts: Vec<(String, IpAddr)> =
+        topo.ranks().iter().map(|(_, _, h)| (h.to_string(), sim.lookup(*h))).collect();
     let mut steps = 0u64;
     let mut healed = false;
     let mut p2p_live = true;
-    let mut wire = WireWatch::default();
     loop {
         let now = sim.elapsed();
         if now >= END {
@@ -193,12 +217,13 @@ fn run_world(
             p2p_live = false;
             trace::record_at(now.as_nanos() as u64, "engine", "engine.p2p_stopped", &[]);
         }
-        for h in &rank_hosts {
-            if !sim.is_host_running(h.as_str()) {
+        for (h, addr) in &rank_hosts {
+            if !sim.is_host_running(*addr) {
                 world::with(|w| w.rank_down(h));
             }
         }
-        let activity = clock::activity();
+        // Picked after the fault driver acted: a release or a restart is work for this step.
+        sim.set_tick_duration(next_tick(&sim, &driver, healed, p2p_live));
         let stepped = panic::catch_unwind(AssertUnwindSafe(|| sim.step()));
         steps += 1;
         let t_ns = sim.elapsed().as_nanos() as u64;
@@ -222,9 +247,6 @@ fn run_world(
         if p2p_live {
             crate::p2p::check_safety();
         }
-        let moved = clock::activity() != activity;
-        let on_the_wire = wire.update(sim.elapsed(), &driver);
-        sim.set_tick_duration(next_tick(&sim, &driver, healed, p2p_live, moved || on_the_wire));
     }
     let end = sim.elapsed();
     let end_ns = end.as_nanos() as u64;
@@ -263,48 +285,10 @@ fn run_world(
     (steps, end, stats)
 }
 
-/// Which host pairs have bytes on the wire that are still moving.
-#[derive(Default)]
-struct WireWatch {
-    /// Per pair: bytes in flight at the last change, and when it changed.
-    pairs: BTreeMap<(IpAddr, IpAddr), (i64, Duration)>,
-    /// Connects in progress, and since when that has been so without any change.
-    connecting_since: Option<Duration>,
-}
-
-impl WireWatch {
-    /// Whether something on the wire may still arrive: a pair whose count changed within
-    /// [`STALL`] on a link that is not cut, or a connect younger than that.
-    fn update(&mut self, now: Duration, driver: &FaultDriver) -> bool {
-        let (_, connecting) = clock::in_flight_pairs();
-        let counts = clock::in_flight_counts();
-        let mut live = false;
-        let mut next = BTreeMap::new();
-        for (pair, n) in counts {
-            let changed = match self.pairs.get(&pair) {
-                Some(&(old, at)) if old == n => at,
-                _ => now,
-            };
-            if now.saturating_sub(changed) < STALL && !driver.is_partitioned(pair.0, pair.1) {
-                live = true;
-            }
-            next.insert(pair, (n, changed));
-        }
-        self.pairs = next;
-        if connecting {
-            let since = *self.connecting_since.get_or_insert(now);
-            live |= now.saturating_sub(since) < STALL;
-        } else {
-            self.connecting_since = None;
-        }
-        live
-    }
-}
-
 /// The next tick: fine while anything moves, else a jump to the next deadline.
-fn next_tick(sim: &turmoil::Sim<'_>, driver: &FaultDriver, healed: bool, p2p_live: bool, busy: bool) -> Duration {
+fn next_tick(sim: &turmoil::Sim<'_>, driver: &FaultDriver, healed: bool, p2p_live: bool) -> Duration {
     let now = sim.elapsed();
-    if busy {
+    if sim.has_pending_work() {
         return FINE_TICK;
     }
     let mut next = clock::coalesced_deadline(if p2p_live { COALESCE } else { COALESCE_QUIET })

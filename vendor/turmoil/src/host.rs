@@ -6,6 +6,7 @@ use crate::net::{SocketPair, TcpListener, UdpSocket};
 use crate::{Envelope, TRACING_TARGET};
 
 use bytes::Bytes;
+use crate::fast_hash::FastMap;
 use indexmap::IndexMap;
 use std::collections::VecDeque;
 use std::fmt::Display;
@@ -329,7 +330,7 @@ pub(crate) struct Tcp {
     server_socket_capacity: usize,
 
     /// Active stream sockets
-    sockets: IndexMap<SocketPair, StreamSocket>,
+    sockets: FastMap<SocketPair, StreamSocket>,
 
     /// TcpStream channel capacity
     socket_capacity: usize,
@@ -428,7 +429,7 @@ impl Tcp {
     fn new(capacity: usize) -> Self {
         Self {
             binds: IndexMap::new(),
-            sockets: IndexMap::new(),
+            sockets: FastMap::default(),
             server_socket_capacity: capacity,
             socket_capacity: capacity,
         }

@@ -190,6 +190,8 @@ use dns::Dns;
 pub use dns::{ToIpAddr, ToIpAddrs, ToSocketAddrs};
 
 mod envelope;
+
+mod fast_hash;
 use envelope::Envelope;
 pub use envelope::{Datagram, Protocol, Segment};
 
@@ -266,6 +268,12 @@ pub fn sim_elapsed() -> Option<Duration> {
     })
     .ok()
     .flatten()
+}
+
+/// ctlplane patch: the address of the host whose software is running, or `None`
+/// outside host software.
+pub fn current_host_addr() -> Option<IpAddr> {
+    World::try_current(|world| world.current).ok().flatten()
 }
 
 /// The logical duration from [`UNIX_EPOCH`] until now.

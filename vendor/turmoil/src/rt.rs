@@ -1,7 +1,9 @@
 use std::future::Future;
 use std::mem;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 
 use rand::rngs::SmallRng;
 use tokio::runtime::Runtime;
@@ -23,10 +25,6 @@ pub enum Kind<'a> {
 
     /// A runtime that is running simulated host software.
     Host { software: Software<'a> },
-
-    /// A runtime without any software. The network topology uses this for
-    /// time tracking and message delivery.
-    NoSoftware,
 }
 
 /// Runtime configuration.
@@ -66,6 +64,31 @@ pub struct Rt<'a> {
 
     /// Runtime configuration.
     config: Config,
+
+    /// ctlplane patch: whether a task of this host may be ready to run. Set when the
+    /// host's `LocalSet` is woken from outside its own polling (a timer, a delivered
+    /// segment, another host, the driver) or new software is spawned; cleared by a tick
+    /// that polled the `LocalSet` after the last such wake. While clear, a tick would run
+    /// nothing but timers.
+    woken: Arc<AtomicBool>,
+}
+
+/// ctlplane patch: the waker a tick hands the `LocalSet`: it records the wake, then
+/// wakes the runtime as the plain waker would.
+struct FlagWaker {
+    flag: Arc<AtomicBool>,
+    inner: Waker,
+}
+
+impl Wake for FlagWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.flag.store(true, Ordering::Relaxed);
+        self.inner.wake_by_ref();
+    }
 }
 
 impl<'a> Rt<'a> {
@@ -84,6 +107,7 @@ impl<'a> Rt<'a> {
             nodename,
             handle: Some(handle),
             config,
+            woken: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -104,20 +128,7 @@ impl<'a> Rt<'a> {
             nodename,
             handle: Some(handle),
             config,
-        }
-    }
-
-    pub(crate) fn no_software() -> Self {
-        let mut config = Config::default();
-        let (tokio, local) = init(&mut config);
-
-        Self {
-            kind: Kind::NoSoftware,
-            tokio,
-            local,
-            nodename: String::new().into(),
-            handle: None,
-            config,
+            woken: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -161,12 +172,33 @@ impl<'a> Rt<'a> {
     // that caused failure. Subsequent calls do not return the error as it is
     // expected to fail the simulation.
     pub(crate) fn tick(&mut self, duration: Duration) -> Result<bool> {
+        // ctlplane patch: the same order as `LocalSet::run_until(sleep(duration))` (the
+        // sleep is polled first, then the local tasks), but the `LocalSet` gets a waker that
+        // records wakes in `woken`, so the driver can tell a host with nothing to run.
+        let woken = &self.woken;
+        let local = &self.local;
         self.tokio.block_on(async {
-            self.local
-                .run_until(async {
-                    sleep(duration).await;
-                })
-                .await
+            let mut sleep = pin!(sleep(duration));
+            let mut tasks = pin!(local.run_until(std::future::pending::<()>()));
+            let mut flag_waker: Option<Waker> = None;
+            std::future::poll_fn(|cx| {
+                if sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                let waker = match &flag_waker {
+                    Some(w) => w,
+                    None => flag_waker.insert(Waker::from(Arc::new(FlagWaker {
+                        flag: woken.clone(),
+                        inner: cx.waker().clone(),
+                    }))),
+                };
+                woken.store(false, Ordering::Relaxed);
+                // Registers `waker` with the `LocalSet` and runs its ready tasks; a
+                // `LocalSet` that stops at its per-tick budget wakes `waker` itself.
+                let _ = tasks.as_mut().poll(&mut Context::from_waker(waker));
+                Poll::Pending
+            })
+            .await
         });
 
         // pull for software completion
@@ -186,6 +218,18 @@ impl<'a> Rt<'a> {
             Some(_) => Ok(false),
             None => Ok(true),
         }
+    }
+
+    /// ctlplane patch: whether a task of this host may be ready to run (see `woken`).
+    pub(crate) fn is_woken(&self) -> bool {
+        self.woken.load(Ordering::Relaxed)
+    }
+
+    /// ctlplane patch: move this runtime's clock forward by `by` without running its
+    /// tasks: a host that was not ticked for `by` because it had nothing to do. Timers
+    /// that come due wake their tasks, which run at the next tick.
+    pub(crate) fn advance(&mut self, by: Duration) {
+        self.tokio.block_on(tokio::time::advance(by));
     }
 
     pub(crate) fn crash(&mut self) {
@@ -221,11 +265,22 @@ impl<'a> Rt<'a> {
     /// all resources are dropped.
     ///
     /// Both the [`Runtime`] and [`LocalSet`] are replaced with new instances.
+    ///
+    /// ctlplane patch: the host's tasks are dropped with the old runtime entered, so
+    /// what they do on drop reads the host's (paused) clock; upstream dropped the
+    /// `LocalSet` after the runtime, outside any runtime, where tokio's `Instant::now()`
+    /// is the machine's clock and a simulation stops being reproducible.
     fn cancel_tasks(&mut self) {
         let (tokio, local) = init(&mut self.config);
 
-        _ = mem::replace(&mut self.tokio, tokio);
-        drop(mem::replace(&mut self.local, local));
+        let old_tokio = mem::replace(&mut self.tokio, tokio);
+        let old_local = mem::replace(&mut self.local, local);
+        {
+            let _guard = old_tokio.enter();
+            drop(old_local);
+        }
+        drop(old_tokio);
+        self.woken.store(true, Ordering::Relaxed);
     }
 }
 

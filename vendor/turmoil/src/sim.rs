@@ -6,7 +6,7 @@ use std::ops::DerefMut;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use indexmap::IndexMap;
+use crate::fast_hash::FastMap;
 use tokio::time::Duration;
 use tracing::Level;
 
@@ -26,7 +26,7 @@ pub struct Sim<'a> {
     world: RefCell<World>,
 
     /// Per simulated host runtimes
-    rts: IndexMap<IpAddr, Rt<'a>>,
+    rts: FastMap<IpAddr, Rt<'a>>,
 
     /// Simulation duration since unix epoch. Set when the simulation is
     /// created.
@@ -36,7 +36,17 @@ pub struct Sim<'a> {
     elapsed: Duration,
 
     steps: usize,
+
+    /// ctlplane patch: see [`Sim::set_wake_hint`].
+    wake_hint: Option<WakeHint<'a>>,
+
+    /// ctlplane patch: per host, simulated time its runtime has not been ticked for.
+    lag: FastMap<IpAddr, Duration>,
 }
+
+/// ctlplane patch: for a host, the earliest simulated time (since the start of the
+/// simulation) at which one of its timers is due, or `None` if it has none.
+pub type WakeHint<'a> = Box<dyn Fn(IpAddr) -> Option<Duration> + 'a>;
 
 impl<'a> Sim<'a> {
     pub(crate) fn new(config: Config, world: World) -> Self {
@@ -48,10 +58,12 @@ impl<'a> Sim<'a> {
         Self {
             config,
             world: RefCell::new(world),
-            rts: IndexMap::new(),
+            rts: FastMap::default(),
             since_epoch,
             elapsed: Duration::ZERO,
             steps: 1, // bumped after each step
+            wake_hint: None,
+            lag: FastMap::default(),
         }
     }
 
@@ -59,6 +71,30 @@ impl<'a> Sim<'a> {
     /// deadline of every host can skip idle time (the only change to turmoil 0.7.2).
     pub fn set_tick_duration(&mut self, tick: Duration) {
         self.config.tick = tick;
+    }
+
+    /// ctlplane patch: let [`Sim::step`] skip the hosts that have nothing to do. With a
+    /// hint set, a running host is not ticked in a step when no message was delivered to
+    /// it, no task of it is ready to run (none was woken since its last tick, nor spawned),
+    /// no loopback message is in flight, and `hint(addr)` reports no timer due by the
+    /// end of the step. Its clock then lags; before its next tick it is moved forward to
+    /// the simulation's time in one jump, which no timer can fall in. Skipping such a host
+    /// changes nothing it observes, provided the hint reports every timer of the host's
+    /// software (a timer it misses fires at the host's next tick instead of on time).
+    pub fn set_wake_hint(&mut self, hint: impl Fn(IpAddr) -> Option<Duration> + 'a) {
+        self.wake_hint = Some(Box::new(hint));
+    }
+
+    /// ctlplane patch: whether the next step has work besides timers: a running host with
+    /// a task ready to run or a loopback message in flight, or a message on a link that
+    /// will reach a running host. Without any, nothing in the simulation changes before the
+    /// earliest timer of some host (or an action of the driver), so a driver may make the
+    /// next tick reach straight to it.
+    pub fn has_pending_work(&self) -> bool {
+        let running = |addr: IpAddr| self.rts.get(&addr).is_some_and(|rt| rt.is_software_running());
+        crate::net::loopback_in_flight()
+            || self.rts.values().any(|rt| rt.is_software_running() && rt.is_woken())
+            || self.world.borrow().topology.has_messages_for(running)
     }
 
     /// ctlplane patch: the current tick.
@@ -176,7 +212,13 @@ impl<'a> Sim<'a> {
         for h in hosts {
             let rt = self.rts.get_mut(&h).expect("missing host");
 
-            self.world.borrow_mut().current = Some(h);
+            self.lag.swap_remove(&h);
+            {
+                let mut world = self.world.borrow_mut();
+                world.current = Some(h);
+                // ctlplane patch: what the software does as it is dropped happens now.
+                world.current_host_mut().timer.now(rt.now());
+            }
 
             World::enter(&self.world, || {
                 rt.crash();
@@ -210,9 +252,18 @@ impl<'a> Sim<'a> {
     fn run_with_hosts(&mut self, addrs: impl ToIpAddrs, mut f: impl FnMut(IpAddr, &mut Rt)) {
         let hosts = self.world.borrow_mut().lookup_many(addrs);
         for h in hosts {
+            // ctlplane patch: new software starts on time; the old runtime's lag goes
+            // with it.
+            self.lag.swap_remove(&h);
+
             let rt = self.rts.get_mut(&h).expect("missing host");
 
-            self.world.borrow_mut().current = Some(h);
+            {
+                let mut world = self.world.borrow_mut();
+                world.current = Some(h);
+                // ctlplane patch: what old software does as it is dropped happens now.
+                world.current_host_mut().timer.now(rt.now());
+            }
 
             World::enter(&self.world, || f(h, rt));
         }
@@ -444,9 +495,10 @@ impl<'a> Sim<'a> {
             running.shuffle(&mut self.world.borrow_mut().rng);
         }
 
+        let step_end = self.elapsed + tick;
         for (&addr, rt) in running {
             let _span_guard = tracing::span!(Level::INFO, "node", name = &*rt.nodename,).entered();
-            {
+            let delivered = {
                 let mut world = self.world.borrow_mut();
                 // We need to move deliverable messages off the network and
                 // into the dst host. This requires two mutable borrows.
@@ -456,11 +508,37 @@ impl<'a> Sim<'a> {
                     hosts,
                     ..
                 } = world.deref_mut();
-                topology.deliver_messages(rng, hosts.get_mut(&addr).expect("missing host"));
+                let host = hosts.get_mut(&addr).expect("missing host");
+                topology.deliver_messages(rng, host)
+            };
 
+            // ctlplane patch: skip a host with nothing to do (see `set_wake_hint`).
+            if let Some(hint) = &self.wake_hint {
+                if delivered == 0
+                    && !crate::net::loopback_in_flight()
+                    && !rt.is_woken()
+                    && hint(addr).is_none_or(|due| due > step_end)
+                {
+                    *self.lag.entry(addr).or_default() += tick;
+                    self.world.borrow_mut().tick(addr, tick);
+                    if rt.is_client() {
+                        is_finished = false;
+                    }
+                    continue;
+                }
+            }
+
+            {
+                let mut world = self.world.borrow_mut();
                 // Set the current host (see method docs)
                 world.current = Some(addr);
-
+            }
+            if let Some(lag) = self.lag.get_mut(&addr).filter(|lag| !lag.is_zero()) {
+                let by = std::mem::take(lag);
+                World::enter(&self.world, || rt.advance(by));
+            }
+            {
+                let mut world = self.world.borrow_mut();
                 world.current_host_mut().timer.now(rt.now());
             }
 

@@ -1,9 +1,8 @@
 use crate::envelope::{Envelope, Protocol};
 use crate::host::Host;
-use crate::rt::Rt;
 use crate::{config, TRACING_TARGET};
 
-use indexmap::IndexMap;
+use crate::fast_hash::FastMap;
 use rand::{Rng, RngCore};
 use rand_distr::{Distribution, Exp};
 use std::collections::VecDeque;
@@ -17,12 +16,18 @@ pub(crate) struct Topology {
     config: config::Link,
 
     /// Specific configuration overrides between specific hosts.
-    links: IndexMap<Pair, Link>,
+    links: FastMap<Pair, Link>,
 
-    /// We don't use a Rt for async. Right now, we just use it to tick time
-    /// forward in the same way we do it elsewhere. We'd like to represent
-    /// network state with async in the future.
-    rt: Rt<'static>,
+    /// ctlplane patch: per host, the indexes in `links` of the links it is an end of, in
+    /// `links` order (links are never removed).
+    host_links: FastMap<IpAddr, Vec<usize>>,
+
+    /// The network's time, moved forward by [`Topology::tick_by`].
+    ///
+    /// ctlplane patch: upstream kept a runtime without software here, ticked it like a
+    /// host and entered it once per link and step to read its clock; a plain `Instant`
+    /// moved by the same whole-millisecond ticks gives the same times.
+    now: Instant,
 }
 
 /// This type is used as the key in the [`Topology::links`] map. See [`new`]
@@ -150,7 +155,10 @@ struct Link {
     sent: VecDeque<Sent>,
 
     /// Messages that are ready to be delivered.
-    deliverable: IndexMap<IpAddr, VecDeque<Envelope>>,
+    deliverable: FastMap<IpAddr, VecDeque<Envelope>>,
+
+    /// ctlplane patch: how many messages `deliverable` holds in all.
+    deliverable_count: usize,
 
     /// The current network time, moved forward with [`Link::tick`].
     now: Instant,
@@ -176,15 +184,19 @@ impl Topology {
     pub(crate) fn new(config: config::Link) -> Topology {
         Topology {
             config,
-            links: IndexMap::new(),
-            rt: Rt::no_software(),
+            links: FastMap::default(),
+            host_links: FastMap::default(),
+            now: Instant::now(),
         }
     }
 
     /// Register a link between two hosts
     pub(crate) fn register(&mut self, a: IpAddr, b: IpAddr) {
         let pair = Pair::new(a, b);
-        assert!(self.links.insert(pair, Link::new(self.rt.now())).is_none());
+        let index = self.links.len();
+        assert!(self.links.insert(pair, Link::new(self.now)).is_none());
+        self.host_links.entry(a).or_default().push(index);
+        self.host_links.entry(b).or_default().push(index);
     }
 
     pub(crate) fn set_max_message_latency(&mut self, value: Duration) {
@@ -249,12 +261,38 @@ impl Topology {
     }
 
     // Move messages from any network links to the `dst` host.
-    pub(crate) fn deliver_messages(&mut self, rand: &mut dyn RngCore, dst: &mut Host) {
-        for (pair, link) in &mut self.links {
-            if pair.0 == dst.addr || pair.1 == dst.addr {
-                link.deliver_messages(&self.config, rand, dst);
+    //
+    // ctlplane patch: returns how many messages were handed to `dst`; visits only the
+    // links `dst` is an end of, and skips those with nothing deliverable without touching
+    // their maps (same order, same effect).
+    pub(crate) fn deliver_messages(&mut self, rand: &mut dyn RngCore, dst: &mut Host) -> usize {
+        let Some(indexes) = self.host_links.get(&dst.addr) else {
+            return 0;
+        };
+        let mut delivered = 0;
+        for &i in indexes {
+            if let Some((_, link)) = self.links.get_index_mut(i) {
+                if link.deliverable_count > 0 {
+                    delivered += link.deliver_messages(&self.config, rand, dst);
+                }
             }
         }
+        delivered
+    }
+
+    /// ctlplane patch: whether some link holds a message that is on its way (not held)
+    /// or waits for delivery to a host for which `live` holds.
+    pub(crate) fn has_messages_for(&self, live: impl Fn(IpAddr) -> bool) -> bool {
+        self.links.values().any(|link| {
+            link.sent
+                .iter()
+                .any(|sent| matches!(sent.status, DeliveryStatus::DeliverAfter(_)))
+                || (link.deliverable_count > 0
+                    && link
+                        .deliverable
+                        .iter()
+                        .any(|(addr, queue)| !queue.is_empty() && live(*addr)))
+        })
     }
 
     pub(crate) fn hold(&mut self, a: IpAddr, b: IpAddr) {
@@ -284,9 +322,9 @@ impl Topology {
     }
 
     pub(crate) fn tick_by(&mut self, duration: Duration) {
-        let _ = self.rt.tick(duration);
+        self.now += duration;
         for link in self.links.values_mut() {
-            link.tick(self.rt.now());
+            link.tick(self.now);
         }
     }
 
@@ -330,7 +368,8 @@ impl Link {
             state_b_a: State::Healthy,
             config: config::Link::default(),
             sent: VecDeque::new(),
-            deliverable: IndexMap::new(),
+            deliverable: FastMap::default(),
+            deliverable_count: 0,
             now,
         }
     }
@@ -431,6 +470,7 @@ impl Link {
                         .entry(sent.dst.ip())
                         .or_default()
                         .push_back(envelope);
+                    self.deliverable_count += 1;
                     deliverable += 1;
                 }
             }
@@ -445,13 +485,13 @@ impl Link {
         global_config: &config::Link,
         rand: &mut dyn RngCore,
         host: &mut Host,
-    ) {
-        let deliverable = self
-            .deliverable
-            .entry(host.addr)
-            .or_default()
-            .drain(..)
-            .collect::<Vec<Envelope>>();
+    ) -> usize {
+        let Some(queue) = self.deliverable.get_mut(&host.addr) else {
+            return 0;
+        };
+        let deliverable = queue.drain(..).collect::<Vec<Envelope>>();
+        self.deliverable_count -= deliverable.len();
+        let delivered = deliverable.len();
 
         for message in deliverable {
             let (src, dst) = (message.src, message.dst);
@@ -459,6 +499,7 @@ impl Link {
                 let _ = self.enqueue_message(global_config, rand, dst, src, message);
             }
         }
+        delivered
     }
 
     // Randomly break or repair this link.

@@ -38,3 +38,32 @@ impl SocketPair {
         SocketPair { local, remote }
     }
 }
+
+thread_local! {
+    /// ctlplane patch: loopback messages sent and not yet delivered, on this thread's
+    /// simulation.
+    static LOOPBACK_IN_FLIGHT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// ctlplane patch: one loopback message on its way. Each waits on a timer of a runtime
+/// task that no wake hint knows, so while any is in flight no host is left out of a step.
+/// Dropped when the message is delivered or its task is cancelled with its host.
+pub(crate) struct LoopbackInFlight(());
+
+impl LoopbackInFlight {
+    pub(crate) fn new() -> Self {
+        LOOPBACK_IN_FLIGHT.with(|n| n.set(n.get() + 1));
+        LoopbackInFlight(())
+    }
+}
+
+impl Drop for LoopbackInFlight {
+    fn drop(&mut self) {
+        LOOPBACK_IN_FLIGHT.with(|n| n.set(n.get().saturating_sub(1)));
+    }
+}
+
+/// ctlplane patch: whether some loopback message is on its way.
+pub(crate) fn loopback_in_flight() -> bool {
+    LOOPBACK_IN_FLIGHT.with(|n| n.get() > 0)
+}

@@ -628,7 +628,9 @@ impl UdpSocket {
 }
 
 fn send_loopback(src: SocketAddr, dst: SocketAddr, message: Protocol) {
+    let in_flight = crate::net::LoopbackInFlight::new();
     tokio::spawn(async move {
+        let _in_flight = in_flight;
         // FIXME: Forces delivery on the next step which better aligns with the
         // remote networking behavior.
         // https://github.com/tokio-rs/turmoil/issues/132

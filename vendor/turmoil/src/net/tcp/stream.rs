@@ -434,7 +434,9 @@ fn send_loopback(src: SocketAddr, dst: SocketAddr, message: Protocol) {
         return;
     }
 
+    let in_flight = crate::net::LoopbackInFlight::new();
     tokio::spawn(async move {
+        let _in_flight = in_flight;
         // FIXME: Forces delivery on the next step which better aligns with the
         // remote networking behavior.
         // https://github.com/tokio-rs/turmoil/issues/132
