@@ -233,6 +233,16 @@ fn pushed_never_available(w: &mut world::World) -> Vec<String> {
         if w.requests.get(r).and_then(|st| st.fates.get(i).copied().flatten()) != Some(ItemFate::Unavailable) {
             continue;
         }
+        // As for the announcement check: a consumer whose ranks restarted lost state and
+        // event ports the scheduler subscribed to, which push-wait covers by design.
+        let restarted = w
+            .topo
+            .consumers
+            .get(p.consumer)
+            .is_some_and(|c| c.ranks.iter().any(|h| w.incarnations.get(h).copied().unwrap_or(0) != 0));
+        if restarted {
+            continue;
+        }
         let published = w.published.get(&(p.consumer, tid.clone()));
         for (host, rank, incarnation, held) in &p.ranks {
             let Some(live) = w.ranks.get(host).filter(|l| l.incarnation == *incarnation) else { continue };
