@@ -68,6 +68,14 @@ pub const REP_SLACK: Duration = Duration::from_millis(5).saturating_add(crate::e
 /// Slack on top of `push_wait_timeout` for a request to resolve.
 pub const RESOLVE_SLACK: Duration = Duration::from_secs(5);
 
+/// From here on the EC world is settled: every fault healed at `ACTIVE`, a request
+/// outstanding then has met its client timeout, and a slow handler (at most 1.5 client
+/// timeouts) has answered. A request arriving later to a consumer whose ranks never
+/// restarted meets a working service, so its producer pushes every item
+/// (`request-resolves`), in a world whose data plane never fails a write.
+pub const SETTLED: Duration =
+    Duration::from_secs(crate::engine::ACTIVE.as_secs() + 2 * crate::faults::CLIENT_TIMEOUT.as_secs());
+
 /// Safety, after every step: for every rank whose book changed, its structural invariants
 /// (no overlapping or double allocation, memory owned exactly once: `no-overlap`), the
 /// event backlog bound and the drop count (`backlog-bounded`); for
@@ -156,6 +164,28 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
                     }
                 }
                 Some(_) => {}
+            }
+        }
+        // A request after the settled point, to a consumer whose ranks never restarted, is
+        // pushed: no rank is down, unreachable or slow any more, so no reserve, write or
+        // complete of its items fails. Only where the data plane never fails a write (a
+        // failed write fails its push by design).
+        let settled = SETTLED.as_nanos() as u64;
+        let writes_fail = w.knobs.device.fail_per_million > 0;
+        for req in w.workload.iter() {
+            if writes_fail || req.at.as_nanos() < settled {
+                continue;
+            }
+            if w.rank_incarnations(req.consumer).iter().any(|(_, i)| *i != 0) {
+                continue;
+            }
+            let failed: Vec<&str> =
+                req.items.iter().map(|i| i.transfer_id.as_str()).filter(|t| w.push_failed.contains(*t)).collect();
+            if !failed.is_empty() {
+                late.push(format!(
+                    "request {} (at {}, after every fault healed and every client timeout passed): push of {:?} failed",
+                    req.id, req.at, failed
+                ));
             }
         }
         // An item its producer reported pushed into its own destination on every rank,

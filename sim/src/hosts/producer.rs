@@ -132,6 +132,9 @@ pub async fn run(host: String) -> turmoil::Result {
                     if *o == ItemOutcome::Pushed {
                         w.note_pushed(&item.transfer_id, now);
                     }
+                    if matches!(o, ItemOutcome::Failed { .. }) {
+                        w.push_failed.insert(item.transfer_id.clone());
+                    }
                 }
                 w.count("push.pushed", pushed);
                 w.count("push.skipped", skipped);

@@ -31,6 +31,10 @@ pub struct WorkloadConfig {
     pub max_encode: Duration,
     /// Shortest encoder run (production's are all short: zero).
     pub min_encode: Duration,
+    /// A second wave of requests arriving during `[start, start + span)`, after the main
+    /// one (`None`: production's single wave). A scenario sets it past the heal and every
+    /// client timeout, to see whether the service works again once the faults are gone.
+    pub late_wave: Option<(Duration, Duration)>,
 }
 
 impl Default for WorkloadConfig {
@@ -43,6 +47,7 @@ impl Default for WorkloadConfig {
             max_items: 3,
             max_encode: Duration::from_millis(40),
             min_encode: Duration::ZERO,
+            late_wave: None,
         }
     }
 }
@@ -72,8 +77,27 @@ pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &m
         })
         .collect();
     let mut out = Vec::new();
-    let mut t = config.start;
-    let end = config.start + config.span;
+    draw_wave(config, &hashes, config.start, config.span, consumers, producers, rng, &mut out);
+    if let Some((start, span)) = config.late_wave {
+        draw_wave(config, &hashes, start, span, consumers, producers, rng, &mut out);
+    }
+    out
+}
+
+/// Appends the requests arriving during `[start, start + span)` to `out`.
+#[allow(clippy::too_many_arguments)]
+fn draw_wave(
+    config: &WorkloadConfig,
+    hashes: &[(String, u64)],
+    start: Duration,
+    span: Duration,
+    consumers: usize,
+    producers: usize,
+    rng: &mut ChaCha8Rng,
+    out: &mut Vec<Request>,
+) {
+    let mut t = start;
+    let end = start + span;
     let gap_ns = config.mean_gap.as_nanos() as u64;
     while t < end && consumers > 0 && producers > 0 {
         let n = rng.gen_range(1..=config.max_items.max(1));
@@ -107,7 +131,6 @@ pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &m
         });
         t += Duration::from_nanos(rng.gen_range(0..=2 * gap_ns));
     }
-    out
 }
 
 fn hex(rng: &mut ChaCha8Rng, bytes: usize) -> String {

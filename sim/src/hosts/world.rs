@@ -105,6 +105,8 @@ pub struct World {
     pub announced_at: BTreeMap<(String, String), Instant>,
     /// Items a producer reported pushed while their request still waited, by transfer id.
     pub held: BTreeMap<String, Held>,
+    /// Items whose push a producer reported failed, by transfer id.
+    pub push_failed: BTreeSet<String>,
 }
 
 /// An item its producer reported pushed (see [`World::pushed`]).
@@ -170,6 +172,7 @@ impl World {
             pushed: BTreeMap::new(),
             announced_at: BTreeMap::new(),
             held: BTreeMap::new(),
+            push_failed: BTreeSet::new(),
         }
     }
 
