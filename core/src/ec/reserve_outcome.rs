@@ -13,21 +13,8 @@ use super::scan::Scan;
 use super::wire::{self, WireError};
 use serde_json::Value;
 
-/// What a consumer granted for one `reserve`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReserveGrant {
-    pub reservation_id: String,
-    pub dst_session: String,
-    pub dst_ptr: u64,
-    /// The destination's size as the consumer states it.
-    pub nbytes: u64,
-    /// The producer must write (a newly allocated destination).
-    pub write: bool,
-    /// Already loadable.
-    pub ready: bool,
-    /// Served from a resident copy.
-    pub cached: bool,
-}
+/// What a consumer granted for one `reserve`: the fields the server's reply carries.
+pub type ReserveGrant = wire::ReserveResult;
 
 /// A `reserve` result.
 #[derive(Clone, Debug, PartialEq, Eq)]
