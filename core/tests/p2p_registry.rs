@@ -237,3 +237,15 @@ fn close_all_is_idempotent_and_closes_each_dealer_once() {
     assert_eq!(closes(&acts), 2);
     assert_eq!(r.connect(P), Err(TransportError::Closed));
 }
+
+#[test]
+fn a_failed_old_connection_does_not_kill_its_replacement() {
+    let mut r = registry(T0Switches::default());
+    let first = r.connect(P).unwrap();
+    r.mark_dead(P);
+    let second = r.connect(P).unwrap();
+    assert!(!r.mark_dead_conn(P, first), "the old connection is no longer registered");
+    assert!(r.is_alive(P));
+    assert!(r.mark_dead_conn(P, second));
+    assert!(!r.is_alive(P));
+}

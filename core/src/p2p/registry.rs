@@ -210,6 +210,17 @@ impl ConnectionRegistry {
         }
     }
 
+    /// [`Self::mark_dead`], but only while `conn` is still `peer`'s registered connection:
+    /// a session that failed must not kill the replacement registered since. Returns
+    /// whether it marked.
+    pub fn mark_dead_conn(&mut self, peer: &str, conn: ConnId) -> bool {
+        if self.conn_id(peer) != Some(conn) {
+            return false;
+        }
+        self.mark_dead(peer);
+        true
+    }
+
     /// Releases the connection's sockets; idempotent. It stays registered until swept.
     pub fn close(&mut self, peer: &str) {
         if let Some(c) = self.conns.get_mut(peer) {

@@ -359,8 +359,8 @@ impl Peer {
             self.drain_events();
             self.flush(&peer).await;
             if let Some(s) = self.sessions.get(&peer) {
-                if !s.session.is_alive() && self.registry.conn_id(&peer) == Some(s.conn) {
-                    self.registry.mark_dead(&peer);
+                if !s.session.is_alive() {
+                    self.registry.mark_dead_conn(&peer, s.conn);
                 }
             }
         }
@@ -386,9 +386,7 @@ impl Peer {
                     s.session.send_failed(&error);
                 }
                 // As the reference's `_do_send`: the connection is marked dead at once.
-                if self.registry.conn_id(peer) == Some(conn) {
-                    self.registry.mark_dead(peer);
-                }
+                self.registry.mark_dead_conn(peer, conn);
             }
         }
     }
@@ -465,9 +463,7 @@ impl Peer {
             self.sessions.iter().filter(|(_, s)| !s.session.is_alive()).map(|(p, _)| p.clone()).collect();
         for peer in dead {
             if let Some(s) = self.sessions.remove(&peer) {
-                if self.registry.conn_id(&peer) == Some(s.conn) {
-                    self.registry.mark_dead(&peer);
-                }
+                self.registry.mark_dead_conn(&peer, s.conn);
                 trace::record(&self.name, "p2p.reap", &[("peer", &peer), ("session", &s.id)]);
                 if !self.known.contains(&peer) {
                     continue;
@@ -560,9 +556,7 @@ impl Peer {
                 let error = "send refused by the DEALER (fault)";
                 trace::record(&self.name, "p2p.send_failed", &[("peer", &peer), ("error", &error)]);
                 s.session.send_failed(error);
-                if self.registry.conn_id(&peer) == Some(s.conn) {
-                    self.registry.mark_dead(&peer);
-                }
+                self.registry.mark_dead_conn(&peer, s.conn);
                 continue;
             }
             let kv = format!("{}.{}.{}", self.name, self.inc, self.next_request);
