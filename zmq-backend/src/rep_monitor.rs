@@ -2,9 +2,13 @@
 //! `ZMQ_MAXMSGSIZE` ([`crate::ServerOptions::max_request_bytes`]) by closing the sender's
 //! connection before the frame is ever allocated: no reply can carry that refusal, so
 //! this log is where it shows. A thread reads the REP's monitor and logs every dropped
-//! client connection with the limit in force; it ends when the REP closes.
+//! client connection with the limit in force; it ends when the REP closes or when the
+//! server stops it.
 
 use crate::server::{SetupCause, StartError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 /// `ZMQ_EVENT_DISCONNECTED`.
 const EVENT_DISCONNECTED: u16 = 0x0200;
@@ -17,27 +21,63 @@ fn parse_event(frame: &[u8]) -> Option<u16> {
     Some(u16::from_le_bytes([lo, hi]))
 }
 
+/// How often the watcher looks at its stop flag while no event arrives.
+const STOP_CHECK_MS: i32 = 100;
+
+/// The running watcher. Its PAIR holds the server's context, so the context can only
+/// terminate (and libzmq only finish closing the REP's listener) once it has ended.
+/// Dropped without [`RepMonitor::stop`] (a failed start), it only tells the watcher to end.
+pub(crate) struct RepMonitor {
+    thread: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl RepMonitor {
+    /// Ends the watcher and waits for it; call after the REP is closed.
+    pub(crate) fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for RepMonitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
 /// Starts logging `rep`'s dropped connections. The PAIR is connected before this returns,
 /// so no event is missed.
-pub(crate) fn spawn(ctx: &zmq::Context, rep: &zmq::Socket, port: u16, limit: Option<usize>) -> Result<(), StartError> {
+pub(crate) fn spawn(
+    ctx: &zmq::Context,
+    rep: &zmq::Socket,
+    port: u16,
+    limit: Option<usize>,
+) -> Result<RepMonitor, StartError> {
     let socket_err = |e| StartError::Setup(SetupCause::Socket(e));
     let endpoint = format!("inproc://ec-rep-monitor-{port}");
     rep.monitor(&endpoint, i32::from(EVENT_DISCONNECTED | EVENT_MONITOR_STOPPED)).map_err(socket_err)?;
     let pair = ctx.socket(zmq::PAIR).map_err(socket_err)?;
+    pair.set_linger(0).map_err(socket_err)?;
+    pair.set_rcvtimeo(STOP_CHECK_MS).map_err(socket_err)?;
     pair.connect(&endpoint).map_err(socket_err)?;
-    // The thread ends on MONITOR_STOPPED, when the REP closes; nothing joins it.
-    std::thread::Builder::new()
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let thread = std::thread::Builder::new()
         .name(format!("ec-rep-monitor-{port}"))
-        .spawn(move || watch(&pair, port, limit))
-        .map(drop)
-        .map_err(|e| StartError::Setup(SetupCause::Spawn(e)))
+        .spawn(move || watch(&pair, port, limit, &flag))
+        .map_err(|e| StartError::Setup(SetupCause::Spawn(e)))?;
+    Ok(RepMonitor { thread: Some(thread), stop })
 }
 
-fn watch(pair: &zmq::Socket, port: u16, limit: Option<usize>) {
+fn watch(pair: &zmq::Socket, port: u16, limit: Option<usize>, stop: &AtomicBool) {
     loop {
         let frames = match pair.recv_multipart(0) {
             Ok(frames) => frames,
             Err(zmq::Error::EINTR) => continue,
+            Err(zmq::Error::EAGAIN) if !stop.load(Ordering::Acquire) => continue,
             Err(_) => break,
         };
         let event = frames.first().and_then(|f| parse_event(f));
@@ -56,5 +96,4 @@ fn watch(pair: &zmq::Socket, port: u16, limit: Option<usize>) {
             _ => {}
         }
     }
-    let _ = pair.set_linger(0);
 }

@@ -3,7 +3,7 @@
 
 use crate::clock::Clock;
 use crate::lock;
-use crate::rep_monitor;
+use crate::rep_monitor::{self, RepMonitor};
 use crate::server::{open_sockets, BindCause, ServerOptions, StartError};
 use crate::sockets::endpoint_port;
 use ctlplane_core::ec::config::zmq_path;
@@ -21,6 +21,20 @@ pub(crate) struct Bound {
     pub event_endpoint: String,
     /// The REP receive timeout in ms: how long one turn waits.
     pub tick_ms: i64,
+    ctx: zmq::Context,
+    monitor: RepMonitor,
+}
+
+impl Bound {
+    /// Closes both sockets and waits until libzmq has released their ports. `zmq_close`
+    /// only hands a socket to libzmq's reaper; terminating the context is what waits for
+    /// the listeners to close, so a port is free again once a server's `close` returns.
+    pub(crate) fn close(self) {
+        let Bound { rep, push, ctx, monitor, .. } = self;
+        drop((rep, push));
+        monitor.stop();
+        drop(ctx);
+    }
 }
 
 /// What ends a loop other than the stop flag. Afterwards clients only see timeouts, so
@@ -42,7 +56,7 @@ pub(crate) fn bind(host: &str, endpoint: &str, port: u16, options: &ServerOption
     let recv_timeout = options.recv_timeout;
     let ctx = zmq::Context::new();
     let (rep, push) = open_sockets(&ctx, options)?;
-    rep_monitor::spawn(&ctx, &rep, port, options.max_request_bytes)?;
+    let monitor = rep_monitor::spawn(&ctx, &rep, port, options.max_request_bytes)?;
     let bind_err = |endpoint: &str, source| StartError::Bind(BindCause::Zmq { endpoint: endpoint.to_string(), source });
     rep.bind(endpoint).map_err(|e| bind_err(endpoint, e))?;
     let ephemeral = zmq_path("tcp", host, 0);
@@ -58,7 +72,7 @@ pub(crate) fn bind(host: &str, endpoint: &str, port: u16, options: &ServerOption
     // With IPV6=1 libzmq reports an IPv4 host as `[::ffff:a.b.c.d]`; like the reference,
     // only the port is taken from it and the advertised host is kept.
     let tick_ms = i64::try_from(recv_timeout.as_millis()).unwrap_or(i64::MAX);
-    Ok(Bound { rep, push, event_port, event_endpoint: zmq_path("tcp", host, event_port), tick_ms })
+    Ok(Bound { rep, push, event_port, event_endpoint: zmq_path("tcp", host, event_port), tick_ms, ctx, monitor })
 }
 
 /// Serves until `stop` is set. Each turn: publish queued events until EAGAIN, run the

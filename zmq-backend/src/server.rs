@@ -230,8 +230,8 @@ impl<R> Drop for ConsumerControlServer<R> {
     }
 }
 
-/// Runs the loop until stopped, logging (never swallowing) whatever ended it. The
-/// sockets close with linger 0 when `bound` drops here.
+/// Runs the loop until stopped, logging (never swallowing) whatever ended it, then closes
+/// the sockets (linger 0) and waits until their ports are released.
 fn serve<R: RngCore>(bound: Bound, port: u16, shard: &Mutex<ConsumerShard<R>>, clock: &Clock, stop: &AtomicBool) {
     let outcome =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_loop::run(&bound, shard, clock, stop)));
@@ -242,6 +242,7 @@ fn serve<R: RngCore>(bound: Bound, port: u16, shard: &Mutex<ConsumerShard<R>>, c
         }
         Err(_) => tracing::error!(port, "EC control channel on port {port} stopped serving: the loop panicked"),
     }
+    bound.close();
 }
 
 /// Opens both sockets of a server (kept here so `serve_loop` only moves frames).
