@@ -116,7 +116,7 @@ pub const RACES: &[Race] = &[
         scenario: "ec-s9",
         title: "a REQ socket reused after a timeout",
         switches: Some(|| with(|r| r.slot.s9_reuse_after_timeout = true)),
-        oracles: &["request-resolves", "write-owned"],
+        oracles: &["req-lockstep", "request-resolves", "write-owned"],
     },
     Race {
         scenario: "ec-s10",

@@ -31,6 +31,7 @@ thread_local! {
 /// Forget every violation; called by the engine before a run.
 pub fn reset() {
     VIOLATIONS.with(|v| v.borrow_mut().clear());
+    crate::zmq::lockstep::reset();
 }
 
 /// Report a broken property on `host` at the current simulated time.
@@ -79,8 +80,10 @@ pub const SETTLED: Duration =
 /// Safety, after every step: for every rank whose book changed, its structural invariants
 /// (no overlapping or double allocation, memory owned exactly once: `no-overlap`), the
 /// event backlog bound and the drop count (`backlog-bounded`); for
-/// every live rank, a request it took is answered by its due time (`rep-answers`).
+/// every live rank, a request it took is answered by its due time (`rep-answers`); no
+/// client sent on a REQ socket still awaiting a reply (`req-lockstep`).
 pub fn check_step(now_ns: u64) {
+    check_req_lockstep();
     let (dirty, owed) = world::with(|w| {
         let dirty: Vec<(String, std::rc::Rc<std::cell::RefCell<world::Shard>>)> = std::mem::take(&mut w.dirty)
             .into_iter()
@@ -138,6 +141,21 @@ pub fn check_step(now_ns: u64) {
                 }
             });
         }
+    }
+}
+
+/// `req-lockstep`: a control client never sends on a REQ socket that still awaits the reply
+/// to its last request (spec ec-control §5 and S9: after a timeout or an error the socket is
+/// discarded and the next request uses a fresh one). The ZMQ model refuses such a send with
+/// EFSM, as libzmq does, and records it (`crate::zmq::lockstep`); each one breaks the rule.
+fn check_req_lockstep() {
+    for r in crate::zmq::lockstep::take() {
+        violate_at(
+            r.t_ns,
+            "req-lockstep",
+            &r.host,
+            format!("send on REQ socket {} (to {}) while it awaited a reply (EFSM)", r.sock, r.peers),
+        );
     }
 }
 

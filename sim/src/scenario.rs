@@ -120,25 +120,10 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         "p2p-s1" | "p2p-s4" => k.p2p_immediate_reconnect = true,
         // Mainline W1 sessions: a lost Connect is never retried nor timed out.
         "p2p-s5" | "p2p-s7" | "p2p-s10" => k.p2p_no_handshake_deadline = true,
-        // Requests again once every fault healed and every client timeout passed: a
-        // client that lost a rank for good shows there (`request-resolves`).
-        // A sparse workload, so a request the slow handler holds is often a client's last to
-        // that rank before the late wave.
-        "ec-s9" => {
-            k.workload.mean_gap = EC_S9_MEAN_GAP;
-            k.workload.late_wave = Some((crate::oracle::SETTLED, EC_S9_LATE_SPAN));
-            // Writes that never fail, so a late request that fails is the control path's.
-            k.device.fail_per_million = 0;
-        }
         _ => {}
     }
     k
 }
-
-/// EC S9: how long the requests after the settled point keep arriving.
-const EC_S9_LATE_SPAN: Duration = Duration::from_secs(10);
-/// EC S9: mean gap between two requests.
-const EC_S9_MEAN_GAP: Duration = Duration::from_secs(1);
 
 /// EC S12: encoders that finish 310 to 420 s after the push reserved, past the 300 s TTL
 /// (which defers the waiting writer), and a scheduler configured to wait 450 s for them,
@@ -258,14 +243,7 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
     let pick = |rng: &mut ChaCha8Rng, v: &[String]| -> Option<String> {
         (!v.is_empty()).then(|| v[rng.gen_range(0..v.len())].clone())
     };
-    if matches!(
-        bias,
-        Bias::ReapStall
-            | Bias::EventsUndrained
-            | Bias::SchedulerDiscovery
-            | Bias::ProducerDiscovery
-            | Bias::SlowHandler
-    ) {
+    if matches!(bias, Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery) {
         for _ in 0..BIAS_FAULTS {
             let mut candidate = plan.clone();
             candidate.faults.extend(timed_bias(bias, &mut rng, topo));
@@ -399,17 +377,6 @@ fn timed_bias(bias: Bias, rng: &mut ChaCha8Rng, topo: &Topology) -> Vec<Fault> {
             let (Some(from), Some(to)) = (pick(rng, &bases), pick(rng, &topo.producers)) else { return out };
             let kind = FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) };
             out.push(Fault { at_ms: rng.gen_range(0..=150), kind });
-        }
-        Bias::SlowHandler => {
-            // Slow just as the workload's main wave ends, so a client's last request to the
-            // rank times out with nothing queued behind it until the late wave.
-            let Some(host) = pick(rng, &ranks) else { return out };
-            let kind = FaultKind::SlowHandler {
-                host,
-                delay_ms: rng.gen_range(31_000..=40_000),
-                for_ms: rng.gen_range(500..=1_000),
-            };
-            out.push(Fault { at_ms: rng.gen_range(17_500..=18_800), kind });
         }
         _ => {}
     }

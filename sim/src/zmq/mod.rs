@@ -32,6 +32,7 @@ mod connection;
 mod context;
 mod endpoint;
 mod heartbeat;
+pub mod lockstep;
 pub mod monitor;
 mod routing;
 mod socket;

@@ -22,6 +22,8 @@ impl SocketState {
             }
             SocketType::Req => {
                 if self.req.awaiting {
+                    let peers: Vec<&str> = self.pipes.values().map(|p| p.endpoint.as_str()).collect();
+                    super::lockstep::refused(self.ctx.host(), self.id, &peers.join(","));
                     return Err(ZmqError::Fsm);
                 }
                 let id = self.lb_next().ok_or(ZmqError::Again)?;
