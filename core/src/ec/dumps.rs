@@ -126,15 +126,32 @@ fn write_unit(out: &mut Vec<u8>, unit: u32) {
 /// The decimal digits of `n`.
 #[inline]
 pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    // Two digits per division, from a table of "00".."99".
+    const PAIRS: [u8; 200] = {
+        let mut t = [0u8; 200];
+        let mut i = 0;
+        while i < 100 {
+            t[2 * i] = b'0' + (i / 10) as u8;
+            t[2 * i + 1] = b'0' + (i % 10) as u8;
+            i += 1;
+        }
+        t
+    };
     let mut buf = [0u8; 20];
     let mut at = buf.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        buf[at] = b'0' + n as u8;
     }
     out.extend_from_slice(&buf[at..]);
 }
