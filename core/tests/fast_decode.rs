@@ -15,10 +15,10 @@ use ctlplane_core::ec::requests::{self, ReserveSpec};
 use ctlplane_core::ec::reservations::Status;
 use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::wire::{
-    self, CancelResult, CancelledResult, CompleteResult, ItemReply, Items, PeersResult, ReserveReply, ReserveResult,
-    StatusResult,
+    self, CancelResult, CancelledResult, CompleteResult, ItemReply, Items, JsonText, LastFlag, PeersResult, Request,
+    ReserveFields, ReserveReply, ReserveResult, StatusResult,
 };
-use ctlplane_core::ec::{pyjson, scan};
+use ctlplane_core::ec::{dumps, pyjson, scan};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde::Serialize;
@@ -205,7 +205,17 @@ fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError
     if let Some(fast) = wire::decode_request_fast(frame, max_batch_items) {
         prop_assert_eq!(Ok(fast), general.clone(), "fast request decode of {:?}", String::from_utf8_lossy(frame));
     }
-    prop_assert_eq!(wire::decode_request(frame, max_batch_items), general);
+    prop_assert_eq!(wire::decode_request(frame, max_batch_items), general.clone());
+    if let Some(fast) = wire::scan_reserve_request(frame) {
+        let owned = fast.to_request();
+        prop_assert_eq!(fast.as_ref(), owned.as_ref());
+        prop_assert_eq!(
+            Ok(Request::Reserve(Ok(owned))),
+            general,
+            "in-place reserve of {:?}",
+            String::from_utf8_lossy(frame)
+        );
+    }
     let parsed = wire::parse_json_general(frame);
     if let Some(value) = scan::value(frame) {
         prop_assert_eq!(Ok(value), parsed.clone(), "scan of {:?}", String::from_utf8_lossy(frame));
@@ -384,6 +394,9 @@ proptest! {
                 frame
             );
         }
+        if plain && frame.starts_with("{\"op\": \"reserve\", ") {
+            prop_assert!(wire::scan_reserve_request(frame.as_bytes()).is_some(), "reserve left the in-place path: {}", frame);
+        }
     }
 
     #[test]
@@ -403,10 +416,17 @@ proptest! {
     #[test]
     fn rust_client_frames_take_the_fast_path(specs in proptest::collection::vec(plain_spec(), 1..4), rid in plain_id()) {
         let decode = |frame: &[u8]| wire::decode_request_fast(frame, wire::DEFAULT_MAX_BATCH_ITEMS);
+        let mut reused = b"{\"op\": \"stale\"}".to_vec();
         for spec in &specs {
+            let written = requests::write_reserve(&mut reused, spec);
             if let Some(frame) = requests::reserve(spec) {
+                prop_assert_eq!(written, Some(()));
+                prop_assert_eq!(&reused, &frame, "a reused buffer holds the same frame");
                 prop_assert!(decode(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
+                prop_assert!(wire::scan_reserve_request(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
                 check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+            } else {
+                prop_assert_eq!(written, None);
             }
         }
         if let Some(frame) = requests::reserve_batch(&specs) {
@@ -443,6 +463,30 @@ proptest! {
             completions.into_iter().map(|(completed, became_ready)| CompleteResult { completed, became_ready }).collect();
         let (direct, general) = (wire::encode_reserve_ok(&reply), wire::encode_ok_general(&reply));
         prop_assert_eq!(String::from_utf8_lossy(&direct), String::from_utf8_lossy(&general));
+        if let ReserveReply::Granted(g) = &reply {
+            // The server's way: its dst_session written once, its minted id unescaped.
+            let mut session = Vec::new();
+            dumps::write_str(&mut session, &g.dst_session);
+            let mut out = b"stale".to_vec();
+            out.clear();
+            let fields = |rid| ReserveFields {
+                reservation_id: rid,
+                dst_session: JsonText::Encoded(&session),
+                dst_ptr: g.dst_ptr,
+                nbytes: g.nbytes,
+                write: g.write,
+                ready: g.ready,
+                last: LastFlag::Cached(g.cached),
+            };
+            wire::write_reserve_ok(&mut out, &fields(JsonText::Text(&g.reservation_id)));
+            prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&general));
+            if let Some(minted) = ReservationId::parse(&g.reservation_id) {
+                let quoted = format!("\"{}\"", minted.to_hex_string());
+                out.clear();
+                wire::write_reserve_ok(&mut out, &fields(JsonText::Encoded(quoted.as_bytes())));
+                prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&general));
+            }
+        }
         let frames = [
             (wire::encode_ok(&reply), wire::encode_ok_general(&reply)),
             (wire::encode_ok(&Items { items: batch.clone() }), wire::encode_ok_general(&Items { items: batch })),

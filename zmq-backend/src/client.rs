@@ -17,7 +17,9 @@ use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::topology::{TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
 use ctlplane_core::ec::wire::{self, WireError};
 use serde_json::Value;
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 use std::thread::ThreadId;
 use std::time::Duration;
@@ -62,6 +64,12 @@ pub enum ClientError {
     Closed,
 }
 
+thread_local! {
+    /// The calling thread's request buffer: libzmq copies a frame into its own message, so
+    /// the bytes can be written into the same buffer again for the next request.
+    static FRAME: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
 /// One (thread, address)'s REQ socket and its lockstep state.
 struct Conn {
     slot: RequestSlot,
@@ -74,7 +82,32 @@ struct Conns {
     /// a short list beats hashing the address twice per request). A request takes its
     /// connection out of its slot and puts it back when done, so a panicking request drops
     /// (closes) its socket, leaving the slot empty, and `close` never waits for one.
-    idle: HashMap<ThreadId, Vec<(String, Option<Conn>)>>,
+    idle: HashMap<ThreadId, Vec<(String, Option<Conn>)>, ByThread>,
+}
+
+type ByThread = BuildHasherDefault<ThreadIdHash>;
+
+/// Hashes a `ThreadId` (a `u64` counter that the process never repeats) with one
+/// multiplication: the map is looked up twice per request, and nothing an untrusted peer
+/// sends reaches its keys. Nothing iterates the map but `close`, whose order is invisible.
+#[derive(Default)]
+struct ThreadIdHash(u64);
+
+impl Hasher for ThreadIdHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: spreads consecutive ids over the table's high bits.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// Sends control requests over reusable per-thread REQ sockets.
@@ -100,7 +133,7 @@ impl ControlClient {
             timeout,
             timeout_ms: sockets::millis(timeout),
             clock: Clock::new(),
-            conns: Mutex::new(Conns { closed: false, idle: HashMap::new() }),
+            conns: Mutex::new(Conns { closed: false, idle: HashMap::default() }),
             topologies: Mutex::new(TopologyCache::default()),
             curve: None,
         }
@@ -268,8 +301,11 @@ impl ControlClient {
     /// [`reserve_outcome`]); a result without the fields a grant needs is
     /// [`ClientError::UnexpectedResult`].
     pub fn reserve_outcome(&self, addr: &str, spec: &ReserveSpec) -> Result<ReserveOutcome, ClientError> {
-        let frame = requests::reserve(spec).ok_or_else(|| overflow(std::slice::from_ref(spec)))?;
-        match self.exchange(addr, &frame, reserve_outcome::decode_reserve_reply)? {
+        let decoded = FRAME.with_borrow_mut(|frame| {
+            requests::write_reserve(frame, spec).ok_or_else(|| overflow(std::slice::from_ref(spec)))?;
+            self.exchange(addr, frame, reserve_outcome::decode_reserve_reply)
+        })?;
+        match decoded {
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(detail)) => Err(unexpected(addr, "reserve", detail)),
             Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),

@@ -83,6 +83,8 @@ pub(crate) fn run<R: RngCore>(
     clock: &Clock,
     stop: &AtomicBool,
 ) -> Result<(), LoopError> {
+    // One reply buffer for the server's life: a reply is copied into libzmq's message.
+    let mut reply = Vec::new();
     while !stop.load(Ordering::Acquire) {
         {
             let mut shard = lock(shard);
@@ -98,7 +100,7 @@ pub(crate) fn run<R: RngCore>(
             continue;
         }
         let Some(frame) = recv_request(&bound.rep)? else { continue };
-        let reply = lock(shard).handle_request(&frame, clock.now());
+        lock(shard).handle_request_into(&frame, clock.now(), &mut reply);
         send_retrying(&bound.rep, &reply, 0).map_err(LoopError::Reply)?;
     }
     Ok(())

@@ -86,12 +86,26 @@ const fn lanes(b: u8) -> u64 {
 /// Whether any byte of the word may need an escape: below `' '`, above `'~'`, `"` or `\`.
 /// It may answer `true` for a word that needs none (callers then look byte by byte),
 /// never `false` for one that does.
+///
+/// Branch-free, one pass of word arithmetic: a lane's high bit ends up set by `b - 0x20`
+/// when `b < 0x20`, by `b + 1` when `b >= 0x7f`, by `b` itself when `b >= 0x80`, and by the
+/// zero-lane test when `b` is `"` or `\`. A borrow or carry that crosses into the next
+/// lane starts only in a lane that is itself flagged, so it can add false alarms but never
+/// hide one.
 #[inline]
 pub fn may_need_escape(w: u64) -> bool {
+    escape_lanes(w) != 0
+}
+
+/// The high bit of every lane of `w` (little-endian) flagged by [`may_need_escape`]'s
+/// arithmetic. The lowest flagged lane is exact: nothing crosses into it from below, so it
+/// is the first byte that needs an escape.
+#[inline]
+pub fn escape_lanes(w: u64) -> u64 {
     const HIGH: u64 = lanes(0x80);
-    let below = |x: u64, n: u8| x.wrapping_sub(lanes(n)) & !x & HIGH != 0;
-    let zero = |x: u64| below(x, 1);
-    below(w, b' ') || w & HIGH != 0 || zero(w ^ lanes(b'"')) || zero(w ^ lanes(b'\\')) || zero(w ^ lanes(0x7f))
+    let zero = |x: u64| x.wrapping_sub(lanes(1)) & !x;
+    let range = w.wrapping_sub(lanes(b' ')) | w.wrapping_add(lanes(1)) | w;
+    (range | zero(w ^ lanes(b'"')) | zero(w ^ lanes(b'\\'))) & HIGH
 }
 
 /// Length of the leading run of whole 8-byte words that surely need no escape.
@@ -126,15 +140,32 @@ fn write_unit(out: &mut Vec<u8>, unit: u32) {
 /// The decimal digits of `n`.
 #[inline]
 pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    // Two digits per division, from a table of "00".."99".
+    const PAIRS: [u8; 200] = {
+        let mut t = [0u8; 200];
+        let mut i = 0;
+        while i < 100 {
+            t[2 * i] = b'0' + (i / 10) as u8;
+            t[2 * i + 1] = b'0' + (i % 10) as u8;
+            i += 1;
+        }
+        t
+    };
     let mut buf = [0u8; 20];
     let mut at = buf.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        buf[at] = b'0' + n as u8;
     }
     out.extend_from_slice(&buf[at..]);
 }
@@ -645,6 +676,26 @@ mod tests {
             }
         }
         assert_eq!(plain_prefix(b"0123456789abcdef01234\"x"), 16);
+    }
+
+    #[test]
+    fn words_are_flagged_exactly_when_a_byte_needs_an_escape() {
+        // Bytes around every boundary, mixed into words by a fixed LCG: borrows and carries
+        // between lanes must never hide a byte that needs an escape.
+        const EDGES: &[u8] = b"\x00\x01\x1e\x1f !\"#[\\]}~\x7f\x80\x81\x9f\xa0\xdf\xe0\xfe\xffa0";
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200_000 {
+            let mut word = [0u8; 8];
+            for b in &mut word {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                *b = EDGES[(state >> 33) as usize % EDGES.len()];
+            }
+            let bad = |b: u8| !(b' '..=b'~').contains(&b) || b == b'"' || b == b'\\';
+            let w = u64::from_le_bytes(word);
+            assert_eq!(may_need_escape(w), word.iter().any(|&b| bad(b)), "{word:?}");
+            let first = word.iter().position(|&b| bad(b)).map_or(64, |i| 8 * i as u32 + 7);
+            assert_eq!(escape_lanes(w).trailing_zeros(), first, "{word:?}");
+        }
     }
 
     #[test]

@@ -84,9 +84,8 @@ impl ReservationId {
 
     /// The wire form as a `String`, without `fmt`.
     pub fn to_hex_string(&self) -> String {
-        let hex = self.to_hex();
-        // Hex digits are ASCII.
-        String::from_utf8_lossy(&hex).into_owned()
+        // One pass over 32 bytes: hex digits are all one-byte chars.
+        self.to_hex().iter().map(|&b| char::from(b)).collect()
     }
 
     /// The wire form (32 lowercase hex digits) as bytes, for writers that skip `fmt`.

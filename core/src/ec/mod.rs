@@ -30,6 +30,8 @@ pub(crate) mod writer_index;
 
 pub use config::{ConfigError, PortPlan};
 pub use dtype::DType;
-pub use reservations::{BookConfig, FollowerCompletion, ReservationBook, ReserveError, ReserveRequest, Reserved};
+pub use reservations::{
+    BookConfig, FollowerCompletion, ReservationBook, ReserveError, ReserveRef, ReserveRequest, Reserved,
+};
 pub use shard::{ConsumerShard, ShardConfig, ShardStats};
 pub use state::State;

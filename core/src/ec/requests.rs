@@ -41,8 +41,10 @@ impl ReserveSpec {
             }
             dumps::write_u64(out, *d);
         }
-        out.extend_from_slice(b"], \"dtype\": ");
-        dumps::write_str(out, self.dtype.name());
+        out.extend_from_slice(b"], \"dtype\": \"");
+        // Dtype names are lowercase letters and digits: nothing to escape.
+        out.extend_from_slice(self.dtype.name().as_bytes());
+        out.push(b'"');
         Some(())
     }
 }
@@ -88,11 +90,20 @@ pub fn status(transfer_id: &str) -> Vec<u8> {
 
 /// `{"op": "reserve", ...spec}`; `None` if the spec's size overflows.
 pub fn reserve(spec: &ReserveSpec) -> Option<Vec<u8>> {
-    let mut out = begin("reserve", 128 + spec.transfer_id.len() + spec.mm_hash.len());
-    out.extend_from_slice(b", ");
-    spec.write_fields(&mut out)?;
-    out.push(b'}');
+    let mut out = Vec::new();
+    write_reserve(&mut out, spec)?;
     Some(out)
+}
+
+/// [`reserve`]'s frame written into `out` (cleared first), so a client can keep one
+/// buffer for its requests; `None` (and `out` left unspecified) if the size overflows.
+pub fn write_reserve(out: &mut Vec<u8>, spec: &ReserveSpec) -> Option<()> {
+    out.clear();
+    out.reserve(128 + spec.transfer_id.len() + spec.mm_hash.len());
+    out.extend_from_slice(b"{\"op\": \"reserve\", ");
+    spec.write_fields(out)?;
+    out.push(b'}');
+    Some(())
 }
 
 /// `{"op": "reserve_batch", "items": [...]}`; `None` if a spec's size overflows.

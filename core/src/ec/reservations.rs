@@ -97,6 +97,31 @@ pub struct ReserveRequest {
     pub dtype: DType,
 }
 
+impl ReserveRequest {
+    /// The request borrowed, as [`ReservationBook::reserve_ref`] takes it.
+    pub fn as_ref(&self) -> ReserveRef<'_> {
+        ReserveRef {
+            transfer_id: &self.transfer_id,
+            mm_hash: &self.mm_hash,
+            nbytes: self.nbytes,
+            shape: &self.shape,
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// A validated `reserve` payload borrowed from wherever it was read (the request frame,
+/// on the serving path), so that reserving allocates nothing for the request itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReserveRef<'a> {
+    pub transfer_id: &'a str,
+    pub mm_hash: &'a str,
+    /// Exact tensor bytes (`prod(shape) * itemsize`).
+    pub nbytes: u64,
+    pub shape: &'a [u64],
+    pub dtype: DType,
+}
+
 /// What a `reserve` grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reserved {
@@ -291,19 +316,24 @@ impl<R: RngCore> ReservationBook<R> {
 
     /// Reserve rules 1-8 (spec 3.3), after the reap every reserve performs.
     pub fn reserve(&mut self, req: &ReserveRequest, now: Instant) -> Result<Reserved, ReserveError> {
+        self.reserve_ref(req.as_ref(), now)
+    }
+
+    /// [`Self::reserve`] of a borrowed request.
+    pub fn reserve_ref(&mut self, req: ReserveRef<'_>, now: Instant) -> Result<Reserved, ReserveError> {
         self.expire(now);
         if self.shutting_down {
             return Err(ReserveError::ShuttingDown);
         }
-        let tid = TransferId::new(&req.transfer_id);
+        let tid = TransferId::new(req.transfer_id);
         if let Some(rec) = self.records.get(&tid) {
             match rec.state {
                 State::Cancelled => return Ok(Reserved::Cancelled),
                 State::Expired => self.forget(&tid),
-                State::ExpirePending => return Err(ReserveError::ActiveWriter(req.transfer_id.clone())),
+                State::ExpirePending => return Err(ReserveError::ActiveWriter(req.transfer_id.to_owned())),
                 state => {
-                    if !rec.mm_hash.matches(&req.mm_hash)
-                        || self.shapes.get(rec.shape) != req.shape.as_slice()
+                    if !rec.mm_hash.matches(req.mm_hash)
+                        || self.shapes.get(rec.shape) != req.shape
                         || rec.dtype != req.dtype
                     {
                         return Err(ReserveError::ConflictingReservation);
@@ -335,7 +365,7 @@ impl<R: RngCore> ReservationBook<R> {
 
     fn new_record(
         &mut self,
-        req: &ReserveRequest,
+        req: ReserveRef<'_>,
         mm_hash: MmHash,
         state: State,
         dest: Dest,
@@ -349,7 +379,7 @@ impl<R: RngCore> ReservationBook<R> {
             reservation_id: Some(ReservationId::generate(&mut self.rng)),
             state,
             dtype: req.dtype,
-            shape: self.shapes.intern(&req.shape),
+            shape: self.shapes.intern(req.shape),
             nbytes: req.nbytes,
             dest,
             deadline,
@@ -358,24 +388,24 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    fn reserve_new(&mut self, tid: TransferId, req: &ReserveRequest, now: Instant) -> Result<Reserved, ReserveError> {
+    fn reserve_new(&mut self, tid: TransferId, req: ReserveRef<'_>, now: Instant) -> Result<Reserved, ReserveError> {
         // Rule 6: a resident copy serves the transfer at once.
-        if let Some((entry, e)) = self.resident.lookup(&req.mm_hash) {
+        if let Some((entry, e)) = self.resident.lookup(req.mm_hash) {
             if *e.shape != *req.shape || e.dtype != req.dtype {
                 return Err(ReserveError::ConflictingCached);
             }
             let view = e.view;
             self.resident.lease(entry);
-            let rec = self.new_record(req, MmHash::new(&req.mm_hash), State::Ready, Dest::Lease(entry), None, now);
+            let rec = self.new_record(req, MmHash::new(req.mm_hash), State::Ready, Dest::Lease(entry), None, now);
             let reservation_id = rec.reservation_id.unwrap_or_else(|| ReservationId::generate(&mut self.rng));
             self.records.insert(tid, rec);
             return Ok(Reserved::Granted { reservation_id, view, write: false, ready: true, cached: true });
         }
         // Rule 7: share an in-flight writer's destination.
-        let fp = fingerprint_str(&req.mm_hash);
-        if let Some(writer_tid) = self.writer_for(fp, &req.mm_hash) {
+        let fp = fingerprint_str(req.mm_hash);
+        if let Some(writer_tid) = self.writer_for(fp, req.mm_hash) {
             let Some(writer) = self.records.get(&writer_tid) else { return Err(ReserveError::ConflictingInFlight) };
-            if self.shapes.get(writer.shape) != req.shape.as_slice() || writer.dtype != req.dtype {
+            if self.shapes.get(writer.shape) != req.shape || writer.dtype != req.dtype {
                 return Err(ReserveError::ConflictingInFlight);
             }
             let (offset, mm_hash) = match writer.dest {
@@ -403,7 +433,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
         // Rule 8: allocate, reaping and then evicting residents under pressure.
         let view = self.allocate(req.nbytes, now).ok_or(ReserveError::PoolFull)?;
-        let mm_hash = MmHash::new(&req.mm_hash);
+        let mm_hash = MmHash::new(req.mm_hash);
         self.writers.insert(fp, tid.clone());
         let rec = self.new_record(req, mm_hash, State::Writing, Dest::Own(view.region.offset), None, now);
         let reservation_id = rec.reservation_id.unwrap_or_else(|| ReservationId::generate(&mut self.rng));

@@ -8,7 +8,7 @@
 //! of printable ASCII without escapes, floats, negative numbers, leading zeros or repeated
 //! keys: its general parse is the very same value, so the shortcut cannot change behaviour.
 
-use super::dumps::plain_prefix;
+use super::dumps::escape_lanes;
 use serde_json::{Map, Number, Value};
 
 /// Deepest nesting [`value`] reads; deeper frames take the general path.
@@ -70,7 +70,18 @@ impl<'a> Scan<'a> {
         self.lit(b"\"")?;
         let start = self.pos;
         let rest = &self.b[start..];
-        let mut n = plain_prefix(rest);
+        let mut n = 0;
+        // A word at a time: the first flagged byte must be the closing quote.
+        while let Some(chunk) = rest.get(n..n + 8) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            let flagged = escape_lanes(u64::from_le_bytes(word));
+            if flagged != 0 {
+                n += (flagged.trailing_zeros() / 8) as usize;
+                break;
+            }
+            n += 8;
+        }
         loop {
             let c = *rest.get(n)?;
             if c == b'"' {

@@ -7,10 +7,11 @@
 //! so an event whose send hit EAGAIN stays queued.
 
 use super::config::{ConfigError, PortPlan};
-use super::reservations::{BookConfig, ReservationBook, Reserved, TakeError, Taken};
+use super::dumps;
+use super::reservations::{BookConfig, ReservationBook, ReserveError, ReserveRef, Reserved, TakeError, Taken};
 use super::wire::{
-    self, CancelResult, CancelledResult, CompleteItem, CompleteResult, ItemReply, Items, PeersResult, Request,
-    ReserveReply, ReserveResult, StatusResult, WireError,
+    self, CancelResult, CancelledResult, CompleteItem, CompleteResult, ItemReply, Items, JsonText, LastFlag,
+    PeersResult, Request, ReserveFields, ReserveReply, ReserveResult, StatusResult, WireError,
 };
 use crate::time::Instant;
 use rand_core::RngCore;
@@ -126,6 +127,8 @@ struct PendingEvent {
 #[derive(Debug)]
 pub struct ConsumerShard<R> {
     config: ShardConfig,
+    /// `config.dst_session` as a JSON string, written once for every reserve reply.
+    dst_session_json: Vec<u8>,
     book: ReservationBook<R>,
     event_port: Option<u16>,
     events: VecDeque<PendingEvent>,
@@ -138,8 +141,11 @@ impl<R: RngCore> ConsumerShard<R> {
     /// A shard whose reap clock starts at `now`; `rng` mints reservation ids.
     pub fn new(config: ShardConfig, rng: R, now: Instant) -> Self {
         let book = ReservationBook::new(config.pool_bytes, config.book.clone(), rng);
+        let mut dst_session_json = Vec::new();
+        dumps::write_str(&mut dst_session_json, &config.dst_session);
         ConsumerShard {
             config,
+            dst_session_json,
             book,
             event_port: None,
             events: VecDeque::new(),
@@ -158,9 +164,34 @@ impl<R: RngCore> ConsumerShard<R> {
     /// on a shard that [`Self::halted`] (only with a regression switch on): then it returns
     /// an empty frame that must not be sent.
     pub fn handle_request(&mut self, frame: &[u8], now: Instant) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.handle_request_into(frame, now, &mut out);
+        out
+    }
+
+    /// [`Self::handle_request`] with the reply written into `out` (cleared first), so a
+    /// driver can keep one reply buffer. A `reserve` in the clients' exact layout is served
+    /// from the frame in place: nothing is allocated for the request, and the reply is
+    /// written without building the result's strings. Everything else is decoded whole.
+    pub fn handle_request_into(&mut self, frame: &[u8], now: Instant, out: &mut Vec<u8>) {
+        out.clear();
         if self.halted.is_some() {
-            return Vec::new();
+            return;
         }
+        if let Some(req) = wire::scan_reserve_request(frame) {
+            self.stats.requests += 1;
+            tracing::trace!(port = self.config.port, op = "reserve", "control request");
+            if let Err(error) = self.reserve_into(req.as_ref(), now, out) {
+                out.clear();
+                out.extend_from_slice(&self.refuse(&error.to_string()));
+            }
+            return;
+        }
+        *out = self.handle_decoded(frame, now);
+    }
+
+    /// [`Self::handle_request`] through [`wire::decode_request`].
+    fn handle_decoded(&mut self, frame: &[u8], now: Instant) -> Vec<u8> {
         self.stats.requests += 1;
         let reply = match wire::decode_request(frame, self.config.max_batch_items) {
             Ok(request) => {
@@ -185,12 +216,47 @@ impl<R: RngCore> ConsumerShard<R> {
         };
         match reply {
             Ok(bytes) => bytes,
-            Err(error) => {
-                self.stats.error_replies += 1;
-                tracing::debug!(port = self.config.port, %error, "control request refused");
-                wire::encode_err(&error)
+            Err(error) => self.refuse(&error),
+        }
+    }
+
+    /// The error reply of a refused request.
+    fn refuse(&mut self, error: &str) -> Vec<u8> {
+        self.stats.error_replies += 1;
+        tracing::debug!(port = self.config.port, %error, "control request refused");
+        wire::encode_err(error)
+    }
+
+    /// One `reserve`, its reply appended to `out`: the same bytes [`Self::reserve_one`]
+    /// and [`wire::encode_reserve_ok`] give.
+    fn reserve_into(&mut self, req: ReserveRef<'_>, now: Instant, out: &mut Vec<u8>) -> Result<(), ReserveError> {
+        match self.book.reserve_ref(req, now)? {
+            Reserved::Cancelled => {
+                out.extend_from_slice(&wire::encode_reserve_ok(&ReserveReply::Cancelled(CancelledResult::new(
+                    req.nbytes,
+                ))));
+            }
+            Reserved::Granted { reservation_id, view, write, ready, cached } => {
+                if ready {
+                    self.queue_ready(req.transfer_id);
+                }
+                let mut quoted = [b'"'; 34];
+                quoted[1..33].copy_from_slice(&reservation_id.to_hex());
+                wire::write_reserve_ok(
+                    out,
+                    &ReserveFields {
+                        reservation_id: JsonText::Encoded(&quoted),
+                        dst_session: JsonText::Encoded(&self.dst_session_json),
+                        dst_ptr: self.config.slab_base.saturating_add(view.region.offset),
+                        nbytes: req.nbytes,
+                        write,
+                        ready,
+                        last: LastFlag::Cached(cached),
+                    },
+                );
             }
         }
+        Ok(())
     }
 
     fn dispatch(&mut self, request: Request, now: Instant) -> Result<Vec<u8>, String> {
@@ -240,7 +306,7 @@ impl<R: RngCore> ConsumerShard<R> {
         now: Instant,
     ) -> Result<ReserveReply, String> {
         let req = item.map_err(|e| e.to_string())?;
-        let reserved = self.book.reserve(&req, now).map_err(|e| e.to_string())?;
+        let reserved = self.book.reserve_ref(req.as_ref(), now).map_err(|e| e.to_string())?;
         Ok(match reserved {
             Reserved::Cancelled => ReserveReply::Cancelled(CancelledResult::new(req.nbytes)),
             Reserved::Granted { reservation_id, view, write, ready, cached } => {
@@ -392,5 +458,77 @@ pub fn reply_result(frame: &[u8]) -> Result<Value, String> {
     match wire::decode_reply(frame) {
         Ok(r) => r,
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand_chacha::rand_core::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn shard(pool: u64) -> ConsumerShard<ChaCha8Rng> {
+        let mut config = ShardConfig::new(19019, pool);
+        config.dst_session = "10.0.0.5:15417 \"q\" \u{e9}".into();
+        config.slab_base = 1 << 40;
+        ConsumerShard::new(config, ChaCha8Rng::seed_from_u64(7), Instant::from_secs(1))
+    }
+
+    fn reserve(tid: &str, hash: &str, shape: &[u64]) -> Vec<u8> {
+        let dims = shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        let nbytes = shape.iter().product::<u64>() * 2;
+        format!(
+            r#"{{"op": "reserve", "transfer_id": "{tid}", "mm_hash": "{hash}", "nbytes": {nbytes}, "shape": [{dims}], "dtype": "float16"}}"#
+        )
+        .into_bytes()
+    }
+
+    /// The in-place reserve path answers every request, and leaves the shard, exactly as
+    /// decoding the request whole does: fresh grants, followers, duplicates, conflicts,
+    /// cancelled transfers, a full pool and a shutting-down book.
+    #[test]
+    fn in_place_reserves_answer_as_the_decoded_path() {
+        let hex = |i: u64| format!("{i:032x}");
+        let hash = |i: u64| format!("{i:064x}");
+        let mut frames = vec![
+            reserve(&hex(1), &hash(1), &[64, 128]),
+            reserve(&hex(2), &hash(1), &[64, 128]),
+            reserve(&hex(1), &hash(1), &[64, 128]),
+            reserve(&hex(1), &hash(2), &[64, 128]),
+            reserve(&hex(3), &hash(1), &[64, 64]),
+            reserve("plain id", "some hash", &[]),
+            reserve(&hex(4), &hash(4), &[1, 2, 3, 4, 5, 6, 7, 8]),
+            reserve(&hex(5), &hash(5), &[1, 2, 3, 4, 5, 6, 7, 8, 9]),
+            reserve(&hex(6), &hash(6), &[1 << 20]),
+            br#"{"op": "cancel", "transfer_id": "t9", "reservation_id": ""}"#.to_vec(),
+            reserve("t9", "h9", &[4]),
+            br#"{"op": "complete", "transfer_id": "00000000000000000000000000000001", "reservation_id": "x"}"#.to_vec(),
+        ];
+        for i in 10..40 {
+            frames.push(reserve(&hex(i), &hash(i), &[256]));
+        }
+        let (mut fast, mut general) = (shard(1 << 15), shard(1 << 15));
+        let now = Instant::from_secs(2);
+        let mut out = b"stale bytes".to_vec();
+        for (step, frame) in frames.iter().enumerate() {
+            if step == frames.len() - 3 {
+                fast.begin_shutdown(now);
+                general.begin_shutdown(now);
+            }
+            fast.handle_request_into(frame, now, &mut out);
+            let want = general.handle_decoded(frame, now);
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&want),
+                "{}",
+                String::from_utf8_lossy(frame)
+            );
+            assert_eq!(fast.stats(), general.stats());
+            assert_eq!(fast.pending_events(), general.pending_events());
+        }
+        assert!(fast.stats().error_replies >= 4, "{:?}", fast.stats());
+        assert_eq!(fast.book().allocations(), general.book().allocations());
+        assert!(wire::scan_reserve_request(&frames[0]).is_some());
+        assert!(wire::scan_reserve_request(&frames[7]).is_none(), "nine dimensions take the decoded path");
     }
 }

@@ -8,7 +8,7 @@
 use super::dtype::DType;
 use super::dumps;
 use super::pyjson::{self, repr, str_repr, to_int, to_str, truthy, type_name};
-use super::reservations::{ReserveRequest, Status};
+use super::reservations::{ReserveRef, ReserveRequest, Status};
 use super::scan::{self, Scan};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -189,29 +189,89 @@ pub fn decode_request_fast(frame: &[u8], max_batch_items: usize) -> Option<Reque
     Some(request)
 }
 
+/// Most dimensions a scanned reserve payload holds inline; a tensor of more takes the
+/// general path.
+pub const INLINE_DIMS: usize = 8;
+
+/// A valid reserve payload read in place: ids borrowed from the frame, the shape inline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScannedReserve<'a> {
+    transfer_id: &'a str,
+    mm_hash: &'a str,
+    nbytes: u64,
+    dims: [u64; INLINE_DIMS],
+    rank: usize,
+    dtype: DType,
+}
+
+impl ScannedReserve<'_> {
+    /// The payload as the reservation book takes it.
+    pub fn as_ref(&self) -> ReserveRef<'_> {
+        ReserveRef {
+            transfer_id: self.transfer_id,
+            mm_hash: self.mm_hash,
+            nbytes: self.nbytes,
+            shape: &self.dims[..self.rank],
+            dtype: self.dtype,
+        }
+    }
+
+    /// The payload as an owned request.
+    pub fn to_request(&self) -> ReserveRequest {
+        ReserveRequest {
+            transfer_id: self.transfer_id.to_owned(),
+            mm_hash: self.mm_hash.to_owned(),
+            nbytes: self.nbytes,
+            shape: self.dims[..self.rank].to_vec(),
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// A `reserve` request frame in the clients' exact layout whose payload is valid, read
+/// without allocating; `None` for anything else. Whatever it returns,
+/// [`decode_request_general`] returns too (as `Request::Reserve(Ok(..))`).
+pub fn scan_reserve_request(frame: &[u8]) -> Option<ScannedReserve<'_>> {
+    let mut s = Scan::new(frame);
+    s.lit(b"{\"op\": \"reserve\", ")?;
+    let request = scan_reserve_fields(&mut s)?;
+    s.end()?;
+    Some(request)
+}
+
 /// `"transfer_id": .., "mm_hash": .., "nbytes": .., "shape": [..], "dtype": ..}` of a
 /// valid reserve payload (the caller has read the opening brace, or the op and its
 /// separator).
-fn scan_reserve(s: &mut Scan<'_>) -> Option<ReserveRequest> {
+fn scan_reserve_fields<'a>(s: &mut Scan<'a>) -> Option<ScannedReserve<'a>> {
     s.lit(b"\"transfer_id\": ")?;
     let transfer_id = s.str()?;
     s.lit(b", \"mm_hash\": ")?;
     let mm_hash = s.str()?;
     s.lit(b", \"nbytes\": ")?;
     let nbytes = s.uint()?;
-    s.lit(b", \"shape\": ")?;
-    let shape = s.list(Scan::uint)?;
+    s.lit(b", \"shape\": [")?;
+    let mut dims = [0u64; INLINE_DIMS];
+    let mut rank = 0;
+    if !s.eat(b"]") {
+        loop {
+            *dims.get_mut(rank)? = s.uint()?;
+            rank += 1;
+            if !s.eat(b", ") {
+                s.lit(b"]")?;
+                break;
+            }
+        }
+    }
     s.lit(b", \"dtype\": ")?;
     let dtype = DType::from_name(s.str()?)?;
     s.lit(b"}")?;
-    let expected = shape.iter().try_fold(dtype.itemsize(), |acc, &d| acc.checked_mul(d));
-    (expected == Some(nbytes)).then(|| ReserveRequest {
-        transfer_id: transfer_id.to_owned(),
-        mm_hash: mm_hash.to_owned(),
-        nbytes,
-        shape,
-        dtype,
-    })
+    let expected = dims[..rank].iter().try_fold(dtype.itemsize(), |acc, &d| acc.checked_mul(d));
+    (expected == Some(nbytes)).then_some(ScannedReserve { transfer_id, mm_hash, nbytes, dims, rank, dtype })
+}
+
+/// [`scan_reserve_fields`] into an owned request.
+fn scan_reserve(s: &mut Scan<'_>) -> Option<ReserveRequest> {
+    scan_reserve_fields(s).map(|r| r.to_request())
 }
 
 /// `"transfer_id": .., "reservation_id": ..}` (after the opening brace, or the op and
@@ -538,38 +598,96 @@ pub fn encode_ok<T: Serialize>(result: &T) -> Vec<u8> {
 /// writer's generic path costs several times more); the same bytes as
 /// [`encode_ok_general`].
 pub fn encode_reserve_ok(reply: &ReserveReply) -> Vec<u8> {
-    let (reservation_id, dst_session, dst_ptr, nbytes, write, ready) = match reply {
-        ReserveReply::Granted(r) => {
-            (r.reservation_id.as_str(), r.dst_session.as_str(), r.dst_ptr, r.nbytes, r.write, r.ready)
-        }
-        ReserveReply::Cancelled(c) => (c.reservation_id, c.dst_session, c.dst_ptr, c.nbytes, c.write, c.ready),
+    let fields = match reply {
+        ReserveReply::Granted(r) => ReserveFields {
+            reservation_id: JsonText::Text(&r.reservation_id),
+            dst_session: JsonText::Text(&r.dst_session),
+            dst_ptr: r.dst_ptr,
+            nbytes: r.nbytes,
+            write: r.write,
+            ready: r.ready,
+            last: LastFlag::Cached(r.cached),
+        },
+        ReserveReply::Cancelled(c) => ReserveFields {
+            reservation_id: JsonText::Text(c.reservation_id),
+            dst_session: JsonText::Text(c.dst_session),
+            dst_ptr: c.dst_ptr,
+            nbytes: c.nbytes,
+            write: c.write,
+            ready: c.ready,
+            last: LastFlag::Cancelled(c.cancelled),
+        },
     };
-    let mut out = Vec::with_capacity(160 + reservation_id.len() + dst_session.len());
-    out.extend_from_slice(b"{\"ok\": true, \"result\": {\"reservation_id\": ");
-    dumps::write_str(&mut out, reservation_id);
-    out.extend_from_slice(b", \"dst_session\": ");
-    dumps::write_str(&mut out, dst_session);
-    out.extend_from_slice(b", \"dst_ptr\": ");
-    dumps::write_u64(&mut out, dst_ptr);
-    out.extend_from_slice(b", \"nbytes\": ");
-    dumps::write_u64(&mut out, nbytes);
-    let flag = |b: bool| if b { &b"true"[..] } else { &b"false"[..] };
-    out.extend_from_slice(b", \"write\": ");
-    out.extend_from_slice(flag(write));
-    out.extend_from_slice(b", \"ready\": ");
-    out.extend_from_slice(flag(ready));
-    match reply {
-        ReserveReply::Granted(r) => {
-            out.extend_from_slice(b", \"cached\": ");
-            out.extend_from_slice(flag(r.cached));
-        }
-        ReserveReply::Cancelled(c) => {
-            out.extend_from_slice(b", \"cancelled\": ");
-            out.extend_from_slice(flag(c.cancelled));
+    let mut out = Vec::new();
+    write_reserve_ok(&mut out, &fields);
+    out
+}
+
+/// A string field of a reply: text to write as a JSON string, or one already written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsonText<'a> {
+    /// Escaped as `json.dumps` does on the way out.
+    Text(&'a str),
+    /// A JSON string as [`dumps::write_str`] writes it, quotes included: a server writes
+    /// its fixed `dst_session` once, and a minted id needs no escape.
+    Encoded(&'a [u8]),
+}
+
+impl JsonText<'_> {
+    fn write(self, out: &mut Vec<u8>) {
+        match self {
+            JsonText::Text(s) => dumps::write_str(out, s),
+            JsonText::Encoded(b) => out.extend_from_slice(b),
         }
     }
-    out.extend_from_slice(b"}}");
-    out
+}
+
+/// The fields of a `reserve` result, borrowed, for [`write_reserve_ok`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReserveFields<'a> {
+    pub reservation_id: JsonText<'a>,
+    pub dst_session: JsonText<'a>,
+    pub dst_ptr: u64,
+    pub nbytes: u64,
+    pub write: bool,
+    pub ready: bool,
+    /// The last key: `cached` of a grant, `cancelled` of the cancelled shape.
+    pub last: LastFlag,
+}
+
+/// The last key of a `reserve` result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastFlag {
+    Cached(bool),
+    Cancelled(bool),
+}
+
+/// Appends [`encode_reserve_ok`]'s bytes for `fields` to `out`, so that a server can
+/// write its reply without building a [`ReserveResult`] (two strings) first.
+pub fn write_reserve_ok(out: &mut Vec<u8>, fields: &ReserveFields<'_>) {
+    out.reserve(256);
+    out.extend_from_slice(b"{\"ok\": true, \"result\": {\"reservation_id\": ");
+    fields.reservation_id.write(out);
+    out.extend_from_slice(b", \"dst_session\": ");
+    fields.dst_session.write(out);
+    out.extend_from_slice(b", \"dst_ptr\": ");
+    dumps::write_u64(out, fields.dst_ptr);
+    out.extend_from_slice(b", \"nbytes\": ");
+    dumps::write_u64(out, fields.nbytes);
+    // The flags in two pieces rather than seven.
+    const WRITE_READY: [&[u8]; 4] = [
+        b", \"write\": false, \"ready\": false",
+        b", \"write\": false, \"ready\": true",
+        b", \"write\": true, \"ready\": false",
+        b", \"write\": true, \"ready\": true",
+    ];
+    out.extend_from_slice(WRITE_READY[usize::from(fields.write) * 2 + usize::from(fields.ready)]);
+    out.extend_from_slice(match fields.last {
+        LastFlag::Cached(false) => b", \"cached\": false}}",
+        LastFlag::Cached(true) => b", \"cached\": true}}",
+        LastFlag::Cancelled(false) => b", \"cancelled\": false}}",
+        LastFlag::Cancelled(true) => b", \"cancelled\": true}}",
+    });
 }
 
 /// [`encode_ok`] through `serde_json`.
