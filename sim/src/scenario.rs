@@ -66,6 +66,10 @@ pub enum Bias {
     SchedulerDiscovery,
     /// The producer's first `peers` reply lost (`ec-s8`).
     ProducerDiscovery,
+    /// Completions that fail fast on one rank while the other rank's are still in flight
+    /// (`ec-s17`): replies from one rank lost for a while, and a burst of undecodable frames
+    /// from the producer to the other rank at the same moment.
+    CompletionFailure,
 }
 
 /// What a scenario name resolves to.
@@ -87,7 +91,8 @@ pub fn bias_of(scenario: &str) -> Bias {
     match scenario {
         "ec-s1" => Bias::Malformed,
         "ec-s9" => Bias::SlowHandler,
-        "ec-s10" | "ec-s16" | "ec-s17" => Bias::LostReplies,
+        "ec-s10" | "ec-s16" => Bias::LostReplies,
+        "ec-s17" => Bias::CompletionFailure,
         "p2p-s5" => Bias::ReconnectRace,
         "p2p-s3" => Bias::PeerCrash,
         "p2p-s7" => Bias::SilentRestart,
@@ -124,6 +129,9 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         // client that lost a rank for good shows there (`request-resolves`).
         // A sparse workload, so a request the slow handler holds is often a client's last to
         // that rank before the late wave.
+        // Several REQ sockets per shard address, as the reference's thread pool keeps, so
+        // an abandon can travel beside a completion still in flight to the same shard.
+        "ec-s17" => k = knobs_s17(),
         "ec-s9" => {
             k.workload.mean_gap = EC_S9_MEAN_GAP;
             k.workload.late_wave = Some((crate::oracle::SETTLED, EC_S9_LATE_SPAN));
@@ -132,6 +140,24 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         }
         _ => {}
     }
+    k
+}
+
+/// EC S17: the producer's REQ sockets per shard address.
+const EC_S17_SOCKETS: usize = 4;
+
+/// EC S17: encoder runs, so that pushes reserved before a fault reach their completion
+/// while it lasts.
+const EC_S17_MIN_ENCODE: Duration = Duration::from_secs(2);
+const EC_S17_MAX_ENCODE: Duration = Duration::from_secs(15);
+
+/// EC S17: a producer with [`EC_S17_SOCKETS`] sockets per shard address (the reference's
+/// thread pool), and encoders of 2 to 15 s.
+fn knobs_s17() -> Knobs {
+    let mut k = Knobs::default();
+    k.producer_sockets_per_shard = Some(EC_S17_SOCKETS);
+    k.workload.min_encode = EC_S17_MIN_ENCODE;
+    k.workload.max_encode = EC_S17_MAX_ENCODE;
     k
 }
 
@@ -265,6 +291,7 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
             | Bias::SchedulerDiscovery
             | Bias::ProducerDiscovery
             | Bias::SlowHandler
+            | Bias::CompletionFailure
     ) {
         for _ in 0..BIAS_FAULTS {
             let mut candidate = plan.clone();
@@ -348,7 +375,11 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
                 let (Some(from), Some(to)) = (pick(&mut rng, &topo.producers), pick(&mut rng, &ranks)) else { return };
                 FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) }
             }
-            Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery => return,
+            Bias::ReapStall
+            | Bias::EventsUndrained
+            | Bias::SchedulerDiscovery
+            | Bias::ProducerDiscovery
+            | Bias::CompletionFailure => return,
         };
         let span = kind.span_ms();
         if span >= horizon {
@@ -410,6 +441,26 @@ fn timed_bias(bias: Bias, rng: &mut ChaCha8Rng, topo: &Topology) -> Vec<Fault> {
                 for_ms: rng.gen_range(500..=1_000),
             };
             out.push(Fault { at_ms: rng.gen_range(17_500..=18_800), kind });
+        }
+        Bias::CompletionFailure => {
+            // Replies from one rank lost: the completions in flight to it stay so until the
+            // control timeout. From the same moment the other rank gets garbage in place of
+            // the producer's next requests, so the same batches' completions there fail at once.
+            let Some(slow) = pick(rng, &ranks) else { return out };
+            let others: Vec<String> = ranks.iter().filter(|r| **r != slow).cloned().collect();
+            let (Some(failing), Some(producer)) = (pick(rng, &others), pick(rng, &topo.producers)) else {
+                return out;
+            };
+            let at_ms = rng.gen_range(3_000..=15_000);
+            let for_ms = rng.gen_range(2_000..=8_000);
+            out.push(Fault { at_ms, kind: FaultKind::OneWay { from: slow, to: producer.clone(), for_ms } });
+            let kind = FaultKind::Malformed {
+                from: producer,
+                to: failing,
+                count: rng.gen_range(12..=30),
+                garbage: Garbage::NotJson,
+            };
+            out.push(Fault { at_ms: at_ms + rng.gen_range(0..=100), kind });
         }
         _ => {}
     }
