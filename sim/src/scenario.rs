@@ -14,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{self, RunConfig, RunReport};
 use crate::faults::{Fault, FaultKind, FaultPlan, Garbage};
+use crate::hosts::workload::WorkloadConfig;
 use crate::knobs::Knobs;
 use crate::topology::Topology;
 
@@ -154,11 +155,9 @@ const EC_S17_MAX_ENCODE: Duration = Duration::from_secs(15);
 /// EC S17: a producer with [`EC_S17_SOCKETS`] sockets per shard address (the reference's
 /// thread pool), and encoders of 2 to 15 s.
 fn knobs_s17() -> Knobs {
-    let mut k = Knobs::default();
-    k.producer_sockets_per_shard = Some(EC_S17_SOCKETS);
-    k.workload.min_encode = EC_S17_MIN_ENCODE;
-    k.workload.max_encode = EC_S17_MAX_ENCODE;
-    k
+    let workload =
+        WorkloadConfig { min_encode: EC_S17_MIN_ENCODE, max_encode: EC_S17_MAX_ENCODE, ..WorkloadConfig::default() };
+    Knobs { producer_sockets_per_shard: Some(EC_S17_SOCKETS), workload, ..Knobs::default() }
 }
 
 /// EC S9: how long the requests after the settled point keep arriving.
