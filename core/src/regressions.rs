@@ -164,7 +164,7 @@ pub const RACES: &[Race] = &[
         scenario: "ec-s17",
         title: "partial completion failure abandons before the other shards settle",
         switches: Some(|| with(|r| r.push.s17_abandon_before_settle = true)),
-        oracles: &["request-resolves"],
+        oracles: &["push-settled", "request-resolves"],
     },
     Race {
         scenario: "p2p-s1",

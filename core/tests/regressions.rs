@@ -636,6 +636,7 @@ const ORACLES: &[&str] = &[
     "p2p-handshake-liveness",
     "sockets-bounded",
     "req-lockstep",
+    "push-settled",
 ];
 
 #[test]

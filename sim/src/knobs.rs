@@ -32,4 +32,8 @@ pub struct Knobs {
     /// request naming the peer arrives right away), instead of after a 200-1000 ms backoff.
     /// A session that died of a protocol error still backs off, so its Disconnect goes out.
     pub p2p_immediate_reconnect: bool,
+    /// REQ sockets the producer host keeps per shard address (its worker threads' sockets,
+    /// spec ec-control.md section 5: one per (thread, address)), and so the coordinator's
+    /// `PushConfig::max_requests_per_shard`; `None` = one, the default.
+    pub producer_sockets_per_shard: Option<usize>,
 }

@@ -14,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{self, RunConfig, RunReport};
 use crate::faults::{Fault, FaultKind, FaultPlan, Garbage};
+use crate::hosts::workload::WorkloadConfig;
 use crate::knobs::Knobs;
 use crate::topology::Topology;
 
@@ -66,6 +67,10 @@ pub enum Bias {
     SchedulerDiscovery,
     /// The producer's first `peers` reply lost (`ec-s8`).
     ProducerDiscovery,
+    /// Completions that fail fast on one rank while the other rank's are still in flight
+    /// (`ec-s17`): replies from one rank lost for a while, and a burst of undecodable frames
+    /// from the producer to the other rank at the same moment.
+    CompletionFailure,
 }
 
 /// What a scenario name resolves to.
@@ -87,7 +92,8 @@ pub fn bias_of(scenario: &str) -> Bias {
     match scenario {
         "ec-s1" => Bias::Malformed,
         "ec-s9" => Bias::SlowHandler,
-        "ec-s10" | "ec-s16" | "ec-s17" => Bias::LostReplies,
+        "ec-s10" | "ec-s16" => Bias::LostReplies,
+        "ec-s17" => Bias::CompletionFailure,
         "p2p-s5" => Bias::ReconnectRace,
         "p2p-s3" => Bias::PeerCrash,
         "p2p-s7" => Bias::SilentRestart,
@@ -120,9 +126,28 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         "p2p-s1" | "p2p-s4" => k.p2p_immediate_reconnect = true,
         // Mainline W1 sessions: a lost Connect is never retried nor timed out.
         "p2p-s5" | "p2p-s7" | "p2p-s10" => k.p2p_no_handshake_deadline = true,
+        // Several REQ sockets per shard address, as the reference's thread pool keeps, so
+        // an abandon can travel beside a completion still in flight to the same shard.
+        "ec-s17" => k = knobs_s17(),
         _ => {}
     }
     k
+}
+
+/// EC S17: the producer's REQ sockets per shard address.
+const EC_S17_SOCKETS: usize = 4;
+
+/// EC S17: encoder runs, so that pushes reserved before a fault reach their completion
+/// while it lasts.
+const EC_S17_MIN_ENCODE: Duration = Duration::from_secs(2);
+const EC_S17_MAX_ENCODE: Duration = Duration::from_secs(15);
+
+/// EC S17: a producer with [`EC_S17_SOCKETS`] sockets per shard address (the reference's
+/// thread pool), and encoders of 2 to 15 s.
+fn knobs_s17() -> Knobs {
+    let workload =
+        WorkloadConfig { min_encode: EC_S17_MIN_ENCODE, max_encode: EC_S17_MAX_ENCODE, ..WorkloadConfig::default() };
+    Knobs { producer_sockets_per_shard: Some(EC_S17_SOCKETS), workload, ..Knobs::default() }
 }
 
 /// EC S12: encoders that finish 310 to 420 s after the push reserved, past the 300 s TTL
@@ -243,7 +268,7 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
     let pick = |rng: &mut ChaCha8Rng, v: &[String]| -> Option<String> {
         (!v.is_empty()).then(|| v[rng.gen_range(0..v.len())].clone())
     };
-    if matches!(bias, Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery) {
+    if matches!(bias, Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery | Bias::CompletionFailure) {
         for _ in 0..BIAS_FAULTS {
             let mut candidate = plan.clone();
             candidate.faults.extend(timed_bias(bias, &mut rng, topo));
@@ -326,7 +351,11 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
                 let (Some(from), Some(to)) = (pick(&mut rng, &topo.producers), pick(&mut rng, &ranks)) else { return };
                 FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) }
             }
-            Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery => return,
+            Bias::ReapStall
+            | Bias::EventsUndrained
+            | Bias::SchedulerDiscovery
+            | Bias::ProducerDiscovery
+            | Bias::CompletionFailure => return,
         };
         let span = kind.span_ms();
         if span >= horizon {
@@ -377,6 +406,26 @@ fn timed_bias(bias: Bias, rng: &mut ChaCha8Rng, topo: &Topology) -> Vec<Fault> {
             let (Some(from), Some(to)) = (pick(rng, &bases), pick(rng, &topo.producers)) else { return out };
             let kind = FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) };
             out.push(Fault { at_ms: rng.gen_range(0..=150), kind });
+        }
+        Bias::CompletionFailure => {
+            // Replies from one rank lost: the completions in flight to it stay so until the
+            // control timeout. From the same moment the other rank gets garbage in place of
+            // the producer's next requests, so the same batches' completions there fail at once.
+            let Some(slow) = pick(rng, &ranks) else { return out };
+            let others: Vec<String> = ranks.iter().filter(|r| **r != slow).cloned().collect();
+            let (Some(failing), Some(producer)) = (pick(rng, &others), pick(rng, &topo.producers)) else {
+                return out;
+            };
+            let at_ms = rng.gen_range(3_000..=15_000);
+            let for_ms = rng.gen_range(2_000..=8_000);
+            out.push(Fault { at_ms, kind: FaultKind::OneWay { from: slow, to: producer.clone(), for_ms } });
+            let kind = FaultKind::Malformed {
+                from: producer,
+                to: failing,
+                count: rng.gen_range(12..=30),
+                garbage: Garbage::NotJson,
+            };
+            out.push(Fault { at_ms: at_ms + rng.gen_range(0..=100), kind });
         }
         _ => {}
     }

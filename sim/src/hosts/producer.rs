@@ -2,16 +2,23 @@
 //! and the device model.
 //!
 //! The workload hands it push batches; each is reserved at once and its source bound when
-//! the encoder finishes. Every [`Transmit::Request`] runs as a task over the host's
-//! [`ControlClient`] (the coordinator keeps one request in flight per shard address, as one
-//! REQ socket per address needs); every [`Transmit::Write`] as a task that waits out the
-//! device's latency and lands the write, where the ownership ledger checks it.
+//! the encoder finishes. Every [`Transmit::Request`] runs as a task over one of the host's
+//! [`ControlClient`]s, the reference's worker threads with their own REQ socket per (thread,
+//! address) (spec ec-control.md section 5): the coordinator keeps at most as many requests
+//! in flight per shard address as there are clients (one by default), and the host hands
+//! each to a client whose socket for that address is idle. Every [`Transmit::Write`] runs
+//! as a task that waits out the device's latency and lands the write, where the ownership
+//! ledger checks it.
+//!
+//! `push-settled` (spec S17, S18): the driver releases a batch's source when the
+//! coordinator reports the batch done, so none of the requests or writes the host carries
+//! for that batch may still be outstanding then.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use ctlplane_core::ec::producer::{
-    ItemOutcome, ItemRef, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit,
+    BatchId, ItemOutcome, ItemRef, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit,
 };
 use ctlplane_core::ec::State;
 use ctlplane_core::time::Instant;
@@ -42,9 +49,22 @@ pub async fn run(host: String) -> turmoil::Result {
     };
     crate::trace::record(&host, "ec.producer.start", &[("incarnation", &incarnation)]);
     let ctx = Context::new(&host);
-    let client = Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT));
-    let regressions = world::with(|w| w.regressions.push);
-    let mut coordinator = PushCoordinator::new(PushConfig { regressions, ..PushConfig::default() });
+    let (regressions, sockets) =
+        world::with(|w| (w.regressions.push, w.knobs.producer_sockets_per_shard.unwrap_or(1).max(1)));
+    let clients: Vec<Rc<ControlClient>> =
+        (0..sockets).map(|_| Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT))).collect();
+    let mut coordinator =
+        PushCoordinator::new(PushConfig { regressions, max_requests_per_shard: sockets, ..PushConfig::default() });
+    // Which client's socket to an address carries a request, by token; when each was last
+    // handed one (a job goes to the worker idle longest).
+    let mut socket_busy: BTreeSet<(usize, String)> = BTreeSet::new();
+    let mut last_used: BTreeMap<(usize, String), u64> = BTreeMap::new();
+    let mut handed = 0u64;
+    let mut carried_by: BTreeMap<Token, (usize, String)> = BTreeMap::new();
+    // For `push-settled`: the batch of every transfer id pushed, and of every request or
+    // write handed out and not yet answered.
+    let mut batch_of: BTreeMap<String, BatchId> = BTreeMap::new();
+    let mut outstanding: BTreeMap<Token, (BatchId, &'static str)> = BTreeMap::new();
     let (tx, mut rx) = mpsc::unbounded_channel::<Answer>();
     let start = clock::now();
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());
@@ -67,6 +87,7 @@ pub async fn run(host: String) -> turmoil::Result {
             let Some(base) = bases.get(req.consumer) else { continue };
             let batch = PushBatch::new(base.clone(), req.items.clone()).awaiting_source();
             let id = coordinator.push(batch, now);
+            batch_of.extend(req.items.iter().map(|i| (i.transfer_id.clone(), id)));
             batches.insert(id, req.id);
             began.insert(id, (req.consumer, world::with(|w| w.rank_incarnations(req.consumer))));
             binds.entry(now + req.encode).or_default().push(id);
@@ -87,7 +108,20 @@ pub async fn run(host: String) -> turmoil::Result {
             match t {
                 Transmit::Request { token, addr, frame } => {
                     crate::release::note_sent(&addr, &frame);
-                    let (client, tx) = (client.clone(), tx.clone());
+                    if let Some((op, batch)) = batch_of_frame(&frame, &batch_of) {
+                        outstanding.insert(token, (batch, op));
+                    }
+                    // The coordinator never has more in flight to one address than there
+                    // are clients; a request with none idle would fail the REQ lockstep.
+                    let slot = (0..clients.len())
+                        .filter(|&i| !socket_busy.contains(&(i, addr.clone())))
+                        .min_by_key(|&i| last_used.get(&(i, addr.clone())).copied().unwrap_or(0))
+                        .unwrap_or(0);
+                    handed += 1;
+                    last_used.insert((slot, addr.clone()), handed);
+                    socket_busy.insert((slot, addr.clone()));
+                    carried_by.insert(token, (slot, addr.clone()));
+                    let (client, tx) = (clients[slot].clone(), tx.clone());
                     tokio::task::spawn_local(async move {
                         let reply = client.request(&addr, frame).await;
                         let _ = tx.send(Answer::Reply(token, reply));
@@ -95,6 +129,7 @@ pub async fn run(host: String) -> turmoil::Result {
                 }
                 Transmit::Write { token, session, dst_ptr, nbytes, item } => {
                     write_items.insert(token, item);
+                    outstanding.insert(token, (item.batch, "write"));
                     let (tx, host) = (tx.clone(), host.clone());
                     let transfer_id = batches
                         .get(&item.batch)
@@ -110,6 +145,15 @@ pub async fn run(host: String) -> turmoil::Result {
             }
         }
         while let Some(PushEvent::BatchDone { batch, outcomes }) = coordinator.poll_event() {
+            let unsettled: Vec<&str> = outstanding.values().filter(|(b, _)| *b == batch).map(|(_, op)| *op).collect();
+            if !unsettled.is_empty() {
+                crate::oracle::violate(
+                    "push-settled",
+                    &host,
+                    format!("{batch} reported done, its source released, with {unsettled:?} still in flight"),
+                );
+            }
+            batch_of.retain(|_, b| *b != batch);
             let request = batches.remove(&batch).unwrap_or(u64::MAX);
             if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {
                 crate::release::note_push_done(req.items.iter().map(|i| i.transfer_id.as_str()));
@@ -157,8 +201,15 @@ pub async fn run(host: String) -> turmoil::Result {
         };
         for a in answer.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match a {
-                Answer::Reply(token, reply) => coordinator.handle_reply(token, reply, clock::now()),
+                Answer::Reply(token, reply) => {
+                    outstanding.remove(&token);
+                    if let Some(slot) = carried_by.remove(&token) {
+                        socket_busy.remove(&slot);
+                    }
+                    coordinator.handle_reply(token, reply, clock::now())
+                }
                 Answer::Write(token, result) => {
+                    outstanding.remove(&token);
                     if let Some(item) = write_items.remove(&token).filter(|_| result.is_ok()) {
                         *written.entry(item).or_default() += 1;
                     }
@@ -167,6 +218,25 @@ pub async fn run(host: String) -> turmoil::Result {
             }
         }
     }
+}
+
+/// The op of a control request and the batch whose transfer it names (`transfer_id`, or the
+/// first of `items`), if it names one this host pushes. `peers` names none.
+fn batch_of_frame(frame: &[u8], batch_of: &BTreeMap<String, BatchId>) -> Option<(&'static str, BatchId)> {
+    let v: Value = serde_json::from_slice(frame).ok()?;
+    let op = match v.get("op")?.as_str()? {
+        "reserve" => "reserve",
+        "reserve_batch" => "reserve_batch",
+        "complete" => "complete",
+        "complete_batch" => "complete_batch",
+        "cancel" => "cancel",
+        _ => "request",
+    };
+    let tid = v
+        .get("transfer_id")
+        .or_else(|| v.get("items")?.as_array()?.first()?.get("transfer_id"))
+        .and_then(Value::as_str)?;
+    Some((op, *batch_of.get(tid)?))
 }
 
 /// Records, for the announcement oracle, the items of a finished batch that were pushed
