@@ -234,6 +234,19 @@ fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError
         );
     }
     prop_assert_eq!(reserve_outcome::decode_reserve_reply(frame), reserve);
+    for expected in 0..5 {
+        let general =
+            wire::decode_reply_general(frame).map(|r| r.map(|v| requests::parse_complete_batch(&v, expected)));
+        if let Some(fast) = requests::scan_complete_batch_reply(frame, expected) {
+            prop_assert_eq!(
+                Ok(Ok(Ok(fast))),
+                general.clone(),
+                "complete_batch reply scan of {:?}",
+                String::from_utf8_lossy(frame)
+            );
+        }
+        prop_assert_eq!(requests::decode_complete_batch_reply(frame, expected), general);
+    }
     Ok(())
 }
 
@@ -461,6 +474,9 @@ proptest! {
         error in id(),
         edits in proptest::collection::vec(edit(), 0..3),
     ) {
+        let completion_count = completions.len();
+        let completion_list: Vec<requests::Completion> =
+            completions.iter().map(|&(completed, became_ready)| requests::Completion { completed, became_ready }).collect();
         let completions: Vec<CompleteResult> =
             completions.into_iter().map(|(completed, became_ready)| CompleteResult { completed, became_ready }).collect();
         let (direct, general) = (wire::encode_reserve_ok(&reply), wire::encode_ok_general(&reply));
@@ -486,6 +502,13 @@ proptest! {
                 prop_assert!(reserve_outcome::scan_reserve_reply(&frames[0].0).is_some());
             }
         }
+        let batch_reply = &frames[3].0;
+        prop_assert_eq!(
+            requests::scan_complete_batch_reply(batch_reply, completion_count),
+            Some(completion_list.clone()),
+            "{}",
+            String::from_utf8_lossy(batch_reply)
+        );
         for (fast, general) in frames {
             prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
             let mut frame = fast;
