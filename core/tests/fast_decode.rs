@@ -10,13 +10,13 @@
 //! Rust and Python clients send do take the fast path.
 
 use ctlplane_core::ec::dtype::DType;
-use ctlplane_core::ec::ids::ReservationId;
+use ctlplane_core::ec::ids::{MmHash, ReservationId};
 use ctlplane_core::ec::requests::{self, ReserveSpec};
-use ctlplane_core::ec::reservations::Status;
+use ctlplane_core::ec::reservations::{Status, StatusView};
 use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::wire::{
-    self, CancelResult, CancelledResult, CompleteResult, ItemReply, Items, JsonText, LastFlag, PeersResult, Request,
-    ReserveFields, ReserveReply, ReserveResult, StatusResult,
+    self, CancelResult, CancelledResult, CompleteItem, CompleteResult, ItemReply, Items, JsonText, LastFlag,
+    PeersResult, Request, ReserveFields, ReserveReply, ReserveResult, StatusResult,
 };
 use ctlplane_core::ec::{dumps, pyjson, scan};
 use proptest::prelude::*;
@@ -205,17 +205,29 @@ fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError
     if let Some(fast) = wire::decode_request_fast(frame, max_batch_items) {
         prop_assert_eq!(Ok(fast), general.clone(), "fast request decode of {:?}", String::from_utf8_lossy(frame));
     }
-    prop_assert_eq!(wire::decode_request(frame, max_batch_items), general.clone());
     if let Some(fast) = wire::scan_reserve_request(frame) {
         let owned = fast.to_request();
         prop_assert_eq!(fast.as_ref(), owned.as_ref());
         prop_assert_eq!(
             Ok(Request::Reserve(Ok(owned))),
-            general,
+            general.clone(),
             "in-place reserve of {:?}",
             String::from_utf8_lossy(frame)
         );
     }
+    if let Some(items) = wire::scan_complete_batch(frame, max_batch_items) {
+        let items = items
+            .iter()
+            .map(|&(t, r)| Ok(CompleteItem { transfer_id: t.to_owned(), reservation_id: r.to_owned() }))
+            .collect();
+        prop_assert_eq!(
+            Ok(Request::CompleteBatch(items)),
+            general.clone(),
+            "complete_batch scan of {:?}",
+            String::from_utf8_lossy(frame)
+        );
+    }
+    prop_assert_eq!(wire::decode_request(frame, max_batch_items), general);
     let parsed = wire::parse_json_general(frame);
     if let Some(value) = scan::value(frame) {
         prop_assert_eq!(Ok(value), parsed.clone(), "scan of {:?}", String::from_utf8_lossy(frame));
@@ -232,6 +244,19 @@ fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError
         );
     }
     prop_assert_eq!(reserve_outcome::decode_reserve_reply(frame), reserve);
+    for expected in 0..5 {
+        let general =
+            wire::decode_reply_general(frame).map(|r| r.map(|v| requests::parse_complete_batch(&v, expected)));
+        if let Some(fast) = requests::scan_complete_batch_reply(frame, expected) {
+            prop_assert_eq!(
+                Ok(Ok(Ok(fast))),
+                general.clone(),
+                "complete_batch reply scan of {:?}",
+                String::from_utf8_lossy(frame)
+            );
+        }
+        prop_assert_eq!(requests::decode_complete_batch_reply(frame, expected), general);
+    }
     Ok(())
 }
 
@@ -393,6 +418,13 @@ proptest! {
                 "valid client frame left the fast path: {}",
                 frame
             );
+            if frame.starts_with("{\"op\": \"complete_batch\"") {
+                prop_assert!(
+                    wire::scan_complete_batch(frame.as_bytes(), max).is_some(),
+                    "valid complete_batch left the borrowing scan: {}",
+                    frame
+                );
+            }
         }
         if plain && frame.starts_with("{\"op\": \"reserve\", ") {
             prop_assert!(wire::scan_reserve_request(frame.as_bytes()).is_some(), "reserve left the in-place path: {}", frame);
@@ -433,9 +465,12 @@ proptest! {
             prop_assert!(decode(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
         }
         let t = specs[0].transfer_id.as_str();
+        let batch = requests::complete_batch(specs.iter().map(|s| (s.transfer_id.as_str(), rid.as_str())));
+        let scanned = wire::scan_complete_batch(&batch, wire::DEFAULT_MAX_BATCH_ITEMS);
+        prop_assert_eq!(scanned.map(|items| items.len()), Some(specs.len()), "{}", String::from_utf8_lossy(&batch));
+        check_frame(&batch, wire::DEFAULT_MAX_BATCH_ITEMS)?;
         for frame in [
             requests::complete(t, &rid),
-            requests::complete_batch(specs.iter().map(|s| (s.transfer_id.as_str(), rid.as_str()))),
             requests::cancel(t, &rid, false, false),
             requests::cancel(t, &rid, true, false),
             requests::cancel(t, &rid, false, true),
@@ -459,6 +494,9 @@ proptest! {
         error in id(),
         edits in proptest::collection::vec(edit(), 0..3),
     ) {
+        let completion_count = completions.len();
+        let completion_list: Vec<requests::Completion> =
+            completions.iter().map(|&(completed, became_ready)| requests::Completion { completed, became_ready }).collect();
         let completions: Vec<CompleteResult> =
             completions.into_iter().map(|(completed, became_ready)| CompleteResult { completed, became_ready }).collect();
         let (direct, general) = (wire::encode_reserve_ok(&reply), wire::encode_ok_general(&reply));
@@ -491,6 +529,7 @@ proptest! {
             (wire::encode_ok(&reply), wire::encode_ok_general(&reply)),
             (wire::encode_ok(&Items { items: batch.clone() }), wire::encode_ok_general(&Items { items: batch })),
             (wire::encode_ok(&completions), wire::encode_ok_general(&completions)),
+            (wire::encode_complete_batch_ok(&completions), wire::encode_ok_general(&Items { items: completions.clone() })),
             (wire::encode_ok(&Items { items: completions.clone() }), wire::encode_ok_general(&Items { items: completions })),
             (
                 wire::encode_ok(&status.as_ref().map(StatusResult::from)),
@@ -507,6 +546,13 @@ proptest! {
                 prop_assert!(reserve_outcome::scan_reserve_reply(&frames[0].0).is_some());
             }
         }
+        let batch_reply = &frames[3].0;
+        prop_assert_eq!(
+            requests::scan_complete_batch_reply(batch_reply, completion_count),
+            Some(completion_list.clone()),
+            "{}",
+            String::from_utf8_lossy(batch_reply)
+        );
         for (fast, general) in frames {
             prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
             let mut frame = fast;
@@ -524,6 +570,31 @@ proptest! {
         let general = wire::encode_event_general(&transfer_id, &status, shard);
         prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&general));
         check_frame(&fast, wire::DEFAULT_MAX_BATCH_ITEMS)?;
+    }
+
+    #[test]
+    fn events_from_the_book_are_written_alike(
+        transfer_id in id(),
+        mm_hash in prop_oneof!["[0-9a-f]{64}", "[0-9a-fA-F]{64}", id()],
+        status in status(),
+        shard in any::<u16>(),
+    ) {
+        let status = Status { mm_hash: Arc::from(mm_hash.as_str()), ..status };
+        let stored = MmHash::new(&mm_hash);
+        let view = StatusView {
+            mm_hash: &stored,
+            ready: status.ready,
+            reservation_id: status.reservation_id,
+            nbytes: status.nbytes,
+            shape: &status.shape,
+            dtype: status.dtype,
+        };
+        prop_assert_eq!(&view.to_status(), &status);
+        let mut queue = b"{previous event}".to_vec();
+        wire::write_event(&mut queue, &transfer_id, &view, shard);
+        let general = wire::encode_event_general(&transfer_id, &status, shard);
+        prop_assert_eq!(String::from_utf8_lossy(&queue[16..]), String::from_utf8_lossy(&general));
+        prop_assert_eq!(&queue[..16], b"{previous event}");
     }
 
     #[test]
@@ -557,4 +628,78 @@ fn the_benchmarked_frames_take_the_fast_path() {
     }));
     assert!(scan::value(&reply).is_some());
     assert_eq!(wire::decode_reply(&reply).unwrap().unwrap()["dst_ptr"], 140213339553792u64);
+}
+
+/// Two shards from one seed, the same requests: `complete_batch` in the clients' layout
+/// (the borrowing scan and the book's one-lookup completion) against the same batch with
+/// compact separators (the general decoder), with followers, repeats and refusals.
+#[test]
+fn the_complete_batch_fast_path_answers_and_publishes_like_the_general_path() {
+    use ctlplane_core::ec::shard::reply_result;
+    use ctlplane_core::ec::{ConsumerShard, ShardConfig};
+    use ctlplane_core::Instant;
+    use rand_chacha::rand_core::SeedableRng;
+
+    let shard = || {
+        let mut config = ShardConfig::new(19019, 1 << 20);
+        config.max_pending_events = 5;
+        ConsumerShard::new(config, rand_chacha::ChaCha8Rng::seed_from_u64(3), Instant::ZERO)
+    };
+    let (mut fast, mut general) = (shard(), shard());
+    let spec = |t: String, h: &str| ReserveSpec {
+        transfer_id: t,
+        mm_hash: h.into(),
+        shape: vec![2, 3],
+        dtype: DType::Float16,
+    };
+    let hex = |i: u64| format!("{i:032x}");
+    let digest = "ab".repeat(32);
+    let specs = vec![
+        spec(hex(1), &digest), // writer with two followers
+        spec(hex(2), &digest), // follower
+        spec("follower two".into(), &digest),
+        spec(hex(4), "plain hash"),     // writer, completed twice
+        spec(hex(5), &"cd".repeat(32)), // completed with a wrong reservation id
+        spec(hex(6), &"ef".repeat(32)),
+        spec(hex(7), &"01".repeat(32)),
+        spec(hex(8), &"23".repeat(32)),
+    ];
+    let now = Instant::from_secs(1);
+    let frame = requests::reserve_batch(&specs).unwrap();
+    let reply = fast.handle_request(&frame, now);
+    assert_eq!(reply, general.handle_request(&frame, now));
+    let granted = requests::parse_reserve_batch(&reply_result(&reply).unwrap(), specs.len()).unwrap();
+    let rids: Vec<String> =
+        granted.iter().map(|g| g.as_ref().unwrap()["reservation_id"].as_str().unwrap().to_string()).collect();
+    let mut items: Vec<(&str, &str)> =
+        specs.iter().zip(&rids).map(|(s, r)| (s.transfer_id.as_str(), r.as_str())).collect();
+    items.swap(0, 1); // a follower completes before its writer
+    items[4].1 = &rids[0];
+    items.push((&specs[3].transfer_id, &rids[3]));
+    items.push(("never reserved", &rids[0]));
+    let batch = requests::complete_batch(items.iter().copied());
+    assert!(wire::scan_complete_batch(&batch, wire::DEFAULT_MAX_BATCH_ITEMS).is_some());
+    let compact = String::from_utf8(batch.clone()).unwrap().replace(", ", ",").replace(": ", ":");
+    assert!(wire::scan_complete_batch(compact.as_bytes(), wire::DEFAULT_MAX_BATCH_ITEMS).is_none());
+    let later = Instant::from_secs(2);
+    let (a, b) = (fast.handle_request(&batch, later), general.handle_request(compact.as_bytes(), later));
+    assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));
+    assert!(String::from_utf8_lossy(&a).contains("\"became_ready\": true"));
+    assert_eq!(fast.stats(), general.stats());
+    assert!(fast.stats().events_dropped > 0, "{:?}", fast.stats());
+    let drain = |s: &mut ConsumerShard<rand_chacha::ChaCha8Rng>| {
+        let mut out = Vec::new();
+        while let Some(e) = s.peek_event() {
+            out.push(String::from_utf8_lossy(e).into_owned());
+            s.confirm_sent();
+        }
+        out
+    };
+    let events = drain(&mut fast);
+    assert_eq!(events, drain(&mut general));
+    assert_eq!(events.len(), 5);
+    for t in ["never reserved", specs[1].transfer_id.as_str(), specs[3].transfer_id.as_str()] {
+        assert_eq!(fast.book().status(t), general.book().status(t));
+    }
+    fast.book().check_invariants().unwrap();
 }

@@ -268,7 +268,14 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
     let pick = |rng: &mut ChaCha8Rng, v: &[String]| -> Option<String> {
         (!v.is_empty()).then(|| v[rng.gen_range(0..v.len())].clone())
     };
-    if matches!(bias, Bias::ReapStall | Bias::EventsUndrained | Bias::SchedulerDiscovery | Bias::ProducerDiscovery | Bias::CompletionFailure) {
+    if matches!(
+        bias,
+        Bias::ReapStall
+            | Bias::EventsUndrained
+            | Bias::SchedulerDiscovery
+            | Bias::ProducerDiscovery
+            | Bias::CompletionFailure
+    ) {
         for _ in 0..BIAS_FAULTS {
             let mut candidate = plan.clone();
             candidate.faults.extend(timed_bias(bias, &mut rng, topo));

@@ -13,7 +13,8 @@
 //!   `peek_event` / `confirm_sent` drain them.
 //! - `flush M`: a `ConsumerControlServer` with M events queued while it waits (backlog
 //!   raised to M), then one request wakes its loop: PULL receive rate of the flush alone.
-//! - `e2e M`: a `ControlClient` sends `complete_batch` requests of 1024 items to the
+//! - `e2e M`: a `ControlClient` sends `complete_batch` requests of 1024 items (through
+//!   `ControlClient::complete_batch`, which reads the typed outcomes) to the
 //!   server (default backlog of 4096); PULL receive rate from the first request to the
 //!   last event.
 //! - `raw M`: the same frames from a bare PUSH (blocking sends) to a PULL.
@@ -54,11 +55,11 @@ fn spec(i: u64) -> ReserveSpec {
     }
 }
 
-/// Reserves M writers on `shard` (not timed) and returns the `complete_batch` frames, of
-/// `BATCH` items each, that turn them all READY.
-fn reserve_all<R: RngCore>(shard: &mut ConsumerShard<R>, m: u64) -> Vec<Vec<u8>> {
+/// Reserves M writers on `shard` (not timed) and returns the `complete_batch` items, in
+/// batches of `BATCH`, that turn them all READY: `(transfer_id, reservation_id)`.
+fn reserve_all<R: RngCore>(shard: &mut ConsumerShard<R>, m: u64) -> Vec<Vec<(String, String)>> {
     let now = CoreInstant::from_secs(1);
-    let mut frames = Vec::new();
+    let mut batches = Vec::new();
     let ids: Vec<u64> = (0..m).collect();
     for chunk in ids.chunks(BATCH) {
         let specs: Vec<ReserveSpec> = chunk.iter().map(|&i| spec(i)).collect();
@@ -66,10 +67,14 @@ fn reserve_all<R: RngCore>(shard: &mut ConsumerShard<R>, m: u64) -> Vec<Vec<u8>>
         let granted = requests::parse_reserve_batch(&reply_result(&reply).unwrap(), specs.len()).unwrap();
         let rids: Vec<String> =
             granted.iter().map(|g| g.as_ref().unwrap()["reservation_id"].as_str().unwrap().to_string()).collect();
-        let items = specs.iter().zip(&rids).map(|(s, r)| (s.transfer_id.as_str(), r.as_str()));
-        frames.push(requests::complete_batch(items));
+        batches.push(specs.into_iter().zip(rids).map(|(s, r)| (s.transfer_id, r)).collect());
     }
-    frames
+    batches
+}
+
+/// The `complete_batch` frame of each batch.
+fn frames(batches: &[Vec<(String, String)>]) -> Vec<Vec<u8>> {
+    batches.iter().map(|b| requests::complete_batch(b.iter().map(|(t, r)| (t.as_str(), r.as_str())))).collect()
 }
 
 fn rate(n: u64, d: Duration) -> String {
@@ -97,7 +102,7 @@ fn drain_events<R: RngCore>(shard: &mut ConsumerShard<R>) -> usize {
 
 fn core(m: u64) {
     let mut shard = ConsumerShard::new(config(m as usize), OsRng, CoreInstant::ZERO);
-    let frames = reserve_all(&mut shard, m);
+    let frames = frames(&reserve_all(&mut shard, m));
     let started = Instant::now();
     queue_events(&mut shard, &frames);
     let queued = started.elapsed();
@@ -149,7 +154,7 @@ fn options(tick_ms: u64) -> ServerOptions {
 
 fn flush(m: u64, tick_ms: u64) {
     let server = ConsumerControlServer::start_with("127.0.0.1", config(m as usize), OsRng, options(tick_ms)).unwrap();
-    let frames = server.with_shard(|shard| reserve_all(shard, m));
+    let frames = frames(&server.with_shard(|shard| reserve_all(shard, m)));
     let (receiver, _ctx) = pull(server.event_endpoint(), m);
     std::thread::sleep(Duration::from_millis(200)); // PULL connected
     server.with_shard(|shard| {
@@ -171,16 +176,20 @@ fn flush(m: u64, tick_ms: u64) {
 
 fn e2e(m: u64, tick_ms: u64) {
     let server = ConsumerControlServer::start_with("127.0.0.1", config(4096), OsRng, options(tick_ms)).unwrap();
-    let frames = server.with_shard(|shard| reserve_all(shard, m));
+    let batches = server.with_shard(|shard| reserve_all(shard, m));
+    let batches: Vec<Vec<(&str, &str)>> =
+        batches.iter().map(|b| b.iter().map(|(t, r)| (t.as_str(), r.as_str())).collect()).collect();
     let (receiver, _ctx) = pull(server.event_endpoint(), m);
     std::thread::sleep(Duration::from_millis(200));
     let client = ControlClient::new(5000);
     let addr = server.endpoint().to_string();
     client.event_port(&addr).unwrap();
     let started = Instant::now();
-    for frame in &frames {
-        client.request_frame(&addr, frame).unwrap();
+    let mut ready = 0;
+    for batch in &batches {
+        ready += client.complete_batch(&addr, batch).unwrap().iter().filter(|c| c.became_ready).count();
     }
+    assert_eq!(ready as u64, m);
     let requests_done = started.elapsed();
     // The last batch's events go out on the loop's next turn.
     client.event_port(&addr).unwrap();
@@ -196,7 +205,7 @@ fn e2e(m: u64, tick_ms: u64) {
 
 fn raw(m: u64) {
     let mut shard = ConsumerShard::new(config(1), OsRng, CoreInstant::ZERO);
-    let frames = reserve_all(&mut shard, 1);
+    let frames = frames(&reserve_all(&mut shard, 1));
     shard.handle_request(&frames[0], CoreInstant::from_secs(2));
     let event = shard.peek_event().unwrap().to_vec();
     let ctx = zmq::Context::new();

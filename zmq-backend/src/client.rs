@@ -327,9 +327,12 @@ impl ControlClient {
 
     /// One `complete_batch` of `(transfer_id, reservation_id)` pairs, outcomes in order.
     pub fn complete_batch(&self, addr: &str, items: &[(&str, &str)]) -> Result<Vec<Completion>, ClientError> {
-        let result = self.request_frame(addr, &requests::complete_batch(items.iter().copied()))?;
-        requests::parse_complete_batch(&result, items.len())
-            .map_err(|detail| unexpected(addr, "complete_batch", detail))
+        let frame = requests::complete_batch(items.iter().copied());
+        match self.exchange(addr, &frame, |reply| requests::decode_complete_batch_reply(reply, items.len()))? {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(detail)) => Err(unexpected(addr, "complete_batch", detail)),
+            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
+        }
     }
 
     /// One `cancel`; whether the shard cancelled anything.

@@ -8,6 +8,7 @@ pub mod config;
 pub mod dataplane;
 pub mod dtype;
 pub mod dumps;
+mod event_queue;
 pub mod ids;
 pub mod inbox;
 pub(crate) mod keyed_hash;

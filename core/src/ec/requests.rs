@@ -8,6 +8,8 @@
 use super::dtype::DType;
 use super::dumps;
 use super::pyjson::{self, truthy};
+use super::scan::Scan;
+use super::wire::{self, WireError};
 use serde_json::Value;
 
 /// One tensor to reserve room for on a consumer.
@@ -206,6 +208,41 @@ pub fn parse_completion(item: &Value) -> Completion {
 /// Per-item outcomes of a `complete_batch` result.
 pub fn parse_complete_batch(result: &Value, expected: usize) -> Result<Vec<Completion>, String> {
     Ok(batch_items(result, expected)?.iter().map(parse_completion).collect())
+}
+
+/// The outcomes of a `complete_batch` reply in the consumer's exact layout (`json.dumps`
+/// of `{"ok": true, "result": {"items": [{"completed": .., "became_ready": ..}, ..]}}`)
+/// holding `expected` entries, read without building a `Value`, or `None`. Whatever it
+/// returns, [`decode_reply_general`](wire::decode_reply_general) and
+/// [`parse_complete_batch`] return too.
+pub fn scan_complete_batch_reply(frame: &[u8], expected: usize) -> Option<Vec<Completion>> {
+    let mut s = Scan::new(frame);
+    s.lit(b"{\"ok\": true, \"result\": {\"items\": ")?;
+    let items = s.list(|s| {
+        s.lit(b"{\"completed\": ")?;
+        let completed = s.bool()?;
+        s.lit(b", \"became_ready\": ")?;
+        let became_ready = s.bool()?;
+        s.lit(b"}")?;
+        Some(Completion { completed, became_ready })
+    })?;
+    s.lit(b"}}")?;
+    s.end()?;
+    (items.len() == expected).then_some(items)
+}
+
+/// A `complete_batch` reply frame as a client reads it: the server's error text
+/// (`Ok(Err(..))`), or the outcomes, or why the result is not a batch of `expected`
+/// entries. The consumer's exact layout is scanned, the rest parsed.
+#[allow(clippy::type_complexity)]
+pub fn decode_complete_batch_reply(
+    frame: &[u8],
+    expected: usize,
+) -> Result<Result<Result<Vec<Completion>, String>, String>, WireError> {
+    if let Some(items) = scan_complete_batch_reply(frame, expected) {
+        return Ok(Ok(Ok(items)));
+    }
+    Ok(wire::decode_reply(frame)?.map(|result| parse_complete_batch(&result, expected)))
 }
 
 /// The `cancelled` flag of a `cancel` result.

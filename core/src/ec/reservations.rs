@@ -176,6 +176,44 @@ pub struct Status {
     pub dtype: DType,
 }
 
+/// [`Status`] borrowed from the book, for writers that skip the owned copy (readiness
+/// events are encoded from it while the completion still holds the record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatusView<'a> {
+    pub mm_hash: &'a MmHash,
+    pub ready: bool,
+    pub reservation_id: Option<ReservationId>,
+    pub nbytes: u64,
+    pub shape: &'a [u64],
+    pub dtype: DType,
+}
+
+impl StatusView<'_> {
+    /// The owned status object.
+    pub fn to_status(&self) -> Status {
+        Status {
+            mm_hash: self.mm_hash.to_arc(),
+            ready: self.ready,
+            reservation_id: self.reservation_id,
+            nbytes: self.nbytes,
+            shape: self.shape.into(),
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// What [`ReservationBook::complete_with`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completed {
+    /// The completion was accepted.
+    pub completed: bool,
+    /// The record became READY.
+    pub became_ready: bool,
+    /// Followers turned READY too: [`ReservationBook::drain_ready`] has them, their
+    /// events go out before the writer's, and the writer's status was not handed out.
+    pub followers_ready: bool,
+}
+
 /// A tensor handed to the model by `take`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Taken {
@@ -475,8 +513,65 @@ impl<R: RngCore> ReservationBook<R> {
 
     /// Complete rules 1-8 (spec 3.4): `(accepted, became_ready)`.
     pub fn complete(&mut self, transfer_id: &str, reservation_id: &str, now: Instant) -> (bool, bool) {
+        let c = self.complete_with(transfer_id, reservation_id, now, |_| {});
+        (c.completed, c.became_ready)
+    }
+
+    /// [`Self::complete`], handing `on_ready` the status of a record that became READY
+    /// (unless followers became READY with it, see [`Completed::followers_ready`]), so its
+    /// readiness event is written without a second lookup. A WRITING writer without
+    /// followers (the common completion) costs one lookup in the records and one in the
+    /// writer index; everything else takes the general rules.
+    pub fn complete_with(
+        &mut self,
+        transfer_id: &str,
+        reservation_id: &str,
+        now: Instant,
+        on_ready: impl FnOnce(&StatusView<'_>),
+    ) -> Completed {
         let tid = TransferId::new(transfer_id);
-        let Some(rec) = self.records.get(&tid) else {
+        let ignore_rid = self.config.regressions.s12_complete_ignores_reservation_id;
+        let refused = Completed { completed: false, became_ready: false, followers_ready: false };
+        let Some(rec) = self.records.get_mut(&tid) else {
+            return refused;
+        };
+        if !rec.rid_matches(reservation_id) && !ignore_rid {
+            return refused;
+        }
+        if rec.state == State::Writing
+            && rec.link.as_deref().is_none_or(|l| matches!(l, Link::Followers(f) if f.is_empty()))
+        {
+            // What `complete_general` does for this case, field by field: unindex the
+            // writer, WRITING -> READY, a fresh lease.
+            self.writers.remove(rec.mm_hash.fingerprint(), &tid);
+            rec.state = State::Ready;
+            let deadline = now + self.config.ttl;
+            rec.deadline = deadline;
+            self.next_due = self.next_due.min(deadline);
+            on_ready(&StatusView {
+                mm_hash: &rec.mm_hash,
+                ready: true,
+                reservation_id: rec.reservation_id,
+                nbytes: rec.nbytes,
+                shape: self.shapes.get(rec.shape),
+                dtype: rec.dtype,
+            });
+            return Completed { completed: true, became_ready: true, followers_ready: false };
+        }
+        let ready_before = self.ready.len();
+        let (completed, became_ready) = self.complete_general(&tid, reservation_id, now);
+        let followers_ready = self.ready.len() > ready_before;
+        if became_ready && !followers_ready {
+            if let Some(view) = self.status_view(&tid) {
+                on_ready(&view);
+            }
+        }
+        Completed { completed, became_ready, followers_ready }
+    }
+
+    /// Complete rules 1-8 (spec 3.4), step by step.
+    fn complete_general(&mut self, tid: &TransferId, reservation_id: &str, now: Instant) -> (bool, bool) {
+        let Some(rec) = self.records.get(tid) else {
             return (false, false);
         };
         if !rec.rid_matches(reservation_id) && !self.config.regressions.s12_complete_ignores_reservation_id {
@@ -493,19 +588,19 @@ impl<R: RngCore> ReservationBook<R> {
         }
         let state = rec.state;
         if state.is_writer_owned() {
-            self.unindex_writer(&tid);
-            self.publish_followers(&tid, now);
+            self.unindex_writer(tid);
+            self.publish_followers(tid, now);
         }
         if state.is_deferred() {
             let to = if state == State::CancelPending { State::Cancelled } else { State::Expired };
-            self.terminate(&tid, to, now);
+            self.terminate(tid, to, now);
             return (true, false);
         }
         if state != State::Writing {
             return (false, false);
         }
-        self.set_state(&tid, State::Ready);
-        self.set_deadline(&tid, now + self.config.ttl);
+        self.set_state(tid, State::Ready);
+        self.set_deadline(tid, now + self.config.ttl);
         (true, true)
     }
 
@@ -670,16 +765,21 @@ impl<R: RngCore> ReservationBook<R> {
 
     /// The status object of an active reservation.
     pub fn status(&self, transfer_id: &str) -> Option<Status> {
-        let rec = self.records.get(&TransferId::new(transfer_id))?;
+        self.status_view(&TransferId::new(transfer_id)).map(|v| v.to_status())
+    }
+
+    /// The status of an active reservation, borrowed.
+    pub fn status_view(&self, tid: &TransferId) -> Option<StatusView<'_>> {
+        let rec = self.records.get(tid)?;
         if !rec.state.is_active() {
             return None;
         }
-        Some(Status {
-            mm_hash: rec.mm_hash.to_arc(),
+        Some(StatusView {
+            mm_hash: &rec.mm_hash,
             ready: rec.state == State::Ready,
             reservation_id: rec.reservation_id,
             nbytes: rec.nbytes,
-            shape: self.shapes.get(rec.shape).into(),
+            shape: self.shapes.get(rec.shape),
             dtype: rec.dtype,
         })
     }

@@ -8,15 +8,16 @@
 
 use super::config::{ConfigError, PortPlan};
 use super::dumps;
+use super::event_queue::EventQueue;
+use super::ids::TransferId;
 use super::reservations::{BookConfig, ReservationBook, ReserveError, ReserveRef, Reserved, TakeError, Taken};
 use super::wire::{
-    self, CancelResult, CancelledResult, CompleteItem, CompleteResult, ItemReply, Items, JsonText, LastFlag,
-    PeersResult, Request, ReserveFields, ReserveReply, ReserveResult, StatusResult, WireError,
+    self, CancelResult, CancelledResult, CompleteResult, ItemReply, Items, JsonText, LastFlag, PeersResult, Request,
+    ReserveFields, ReserveReply, ReserveResult, StatusResult, WireError,
 };
 use crate::time::Instant;
 use rand_core::RngCore;
 use serde_json::Value;
-use std::collections::VecDeque;
 use std::time::Duration;
 
 /// `_MAX_PENDING_EVENTS`: readiness events kept for a PULL peer that is not draining.
@@ -117,12 +118,6 @@ pub struct ShardStats {
     pub reaps: u64,
 }
 
-#[derive(Clone, Debug)]
-struct PendingEvent {
-    transfer_id: String,
-    frame: Vec<u8>,
-}
-
 /// The server logic of one consumer rank.
 #[derive(Debug)]
 pub struct ConsumerShard<R> {
@@ -131,7 +126,7 @@ pub struct ConsumerShard<R> {
     dst_session_json: Vec<u8>,
     book: ReservationBook<R>,
     event_port: Option<u16>,
-    events: VecDeque<PendingEvent>,
+    events: EventQueue,
     last_reap: Instant,
     stats: ShardStats,
     halted: Option<Halt>,
@@ -148,7 +143,7 @@ impl<R: RngCore> ConsumerShard<R> {
             dst_session_json,
             book,
             event_port: None,
-            events: VecDeque::new(),
+            events: EventQueue::default(),
             last_reap: now,
             stats: ShardStats::default(),
             halted: None,
@@ -193,6 +188,12 @@ impl<R: RngCore> ConsumerShard<R> {
     /// [`Self::handle_request`] through [`wire::decode_request`].
     fn handle_decoded(&mut self, frame: &[u8], now: Instant) -> Vec<u8> {
         self.stats.requests += 1;
+        // The bulk op of a producer, read with its ids borrowed from the frame.
+        if let Some(items) = wire::scan_complete_batch(frame, self.config.max_batch_items) {
+            tracing::trace!(port = self.config.port, op = "complete_batch", "control request");
+            let results: Vec<CompleteResult> = items.iter().map(|&(t, r)| self.complete_one(t, r, now)).collect();
+            return wire::encode_complete_batch_ok(&results);
+        }
         let reply = match wire::decode_request(frame, self.config.max_batch_items) {
             Ok(request) => {
                 tracing::trace!(port = self.config.port, op = request.op(), "control request");
@@ -282,16 +283,18 @@ impl<R: RngCore> ConsumerShard<R> {
                 Ok(wire::encode_ok(&Items { items }))
             }
             Request::Complete(item) => {
-                let result = self.complete_one(item.map_err(|e| e.to_string())?, now);
+                let item = item.map_err(|e| e.to_string())?;
+                let result = self.complete_one(&item.transfer_id, &item.reservation_id, now);
                 Ok(wire::encode_ok(&result))
             }
             Request::CompleteBatch(items) => {
                 let mut results = Vec::with_capacity(items.len());
                 for item in items {
                     // Not atomic, as the reference: earlier items stay applied.
-                    results.push(self.complete_one(item.map_err(|e| e.to_string())?, now));
+                    let item = item.map_err(|e| e.to_string())?;
+                    results.push(self.complete_one(&item.transfer_id, &item.reservation_id, now));
                 }
-                Ok(wire::encode_ok(&Items { items: results }))
+                Ok(wire::encode_complete_batch_ok(&results))
             }
             Request::Cancel { transfer_id, reservation_id, abandon, refresh } => {
                 let cancelled = self.book.cancel(&transfer_id, &reservation_id, abandon, refresh, now);
@@ -326,35 +329,38 @@ impl<R: RngCore> ConsumerShard<R> {
         })
     }
 
-    fn complete_one(&mut self, item: CompleteItem, now: Instant) -> CompleteResult {
-        let (completed, became_ready) = self.book.complete(&item.transfer_id, &item.reservation_id, now);
-        // Followers this completion published go out before the writer's own event.
+    fn complete_one(&mut self, transfer_id: &str, reservation_id: &str, now: Instant) -> CompleteResult {
+        let port = self.config.port;
+        let max_pending = self.config.max_pending_events;
+        let (events, stats) = (&mut self.events, &mut self.stats);
+        // The common case: the event is written from the record the completion holds.
+        let completed = self.book.complete_with(transfer_id, reservation_id, now, |status| {
+            push_event(events, stats, port, max_pending, |out| wire::write_event(out, transfer_id, status, port))
+        });
+        if completed.followers_ready {
+            // Followers this completion published go out before the writer's own event.
+            self.queue_followers();
+            if completed.became_ready {
+                self.queue_ready(transfer_id);
+            }
+        }
+        CompleteResult { completed: completed.completed, became_ready: completed.became_ready }
+    }
+
+    fn queue_followers(&mut self) {
         for follower in self.book.drain_ready() {
             self.queue_ready(&follower);
         }
-        if became_ready {
-            self.queue_ready(&item.transfer_id);
-        }
-        CompleteResult { completed, became_ready }
     }
 
     /// Queues the readiness event of an active record, dropping the oldest queued event
     /// when the backlog is full.
     fn queue_ready(&mut self, transfer_id: &str) {
-        let Some(status) = self.book.status(transfer_id) else { return };
-        let frame = wire::encode_event(transfer_id, &status, self.config.port);
-        if self.events.len() >= self.config.max_pending_events {
-            if let Some(dropped) = self.events.pop_front() {
-                self.stats.events_dropped += 1;
-                tracing::warn!(
-                    port = self.config.port,
-                    transfer_id = %dropped.transfer_id,
-                    "EC event backlog full; dropping readiness"
-                );
-            }
-        }
-        self.stats.events_queued += 1;
-        self.events.push_back(PendingEvent { transfer_id: transfer_id.to_string(), frame });
+        let Some(status) = self.book.status_view(&TransferId::new(transfer_id)) else { return };
+        let port = self.config.port;
+        push_event(&mut self.events, &mut self.stats, port, self.config.max_pending_events, |out| {
+            wire::write_event(out, transfer_id, &status, port)
+        });
     }
 
     /// Input: the clock reached [`Self::poll_timeout`]. Reaps if the interval has passed.
@@ -389,7 +395,7 @@ impl<R: RngCore> ConsumerShard<R> {
         if self.halted.is_some() {
             return None;
         }
-        self.events.front().map(|e| e.frame.as_slice())
+        self.events.front()
     }
 
     /// Whether, and why, the shard stopped serving. Only a [`ShardRegressions`] switch
@@ -407,7 +413,7 @@ impl<R: RngCore> ConsumerShard<R> {
 
     /// The event from [`Self::peek_event`] was sent: drop it from the backlog.
     pub fn confirm_sent(&mut self) {
-        if self.events.pop_front().is_some() {
+        if self.events.pop_front() {
             self.stats.events_sent += 1;
         }
     }
@@ -450,6 +456,37 @@ impl<R: RngCore> ConsumerShard<R> {
     /// The configuration.
     pub fn config(&self) -> &ShardConfig {
         &self.config
+    }
+}
+
+/// Appends the event `write` encodes, dropping the oldest queued event first when the
+/// backlog is full. (A free function so that the event can be written from a status
+/// borrowed from the book.)
+fn push_event(
+    events: &mut EventQueue,
+    stats: &mut ShardStats,
+    port: u16,
+    max_pending: usize,
+    write: impl FnOnce(&mut Vec<u8>),
+) {
+    if events.len() >= max_pending {
+        if let Some(dropped) = events.front() {
+            tracing::warn!(port, transfer_id = %event_transfer_id(dropped), "EC event backlog full; dropping readiness");
+        }
+        if events.pop_front() {
+            stats.events_dropped += 1;
+        }
+    }
+    stats.events_queued += 1;
+    events.push_with(write);
+}
+
+/// The transfer id of a queued event frame, for the log of a dropped one.
+fn event_transfer_id(frame: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(frame).ok();
+    match parsed.as_ref().and_then(|v| v.get("transfer_id")) {
+        Some(Value::String(t)) => t.clone(),
+        _ => String::from_utf8_lossy(frame).into_owned(),
     }
 }
 

@@ -7,8 +7,9 @@
 
 use super::dtype::DType;
 use super::dumps;
+use super::ids::{self, MmHash};
 use super::pyjson::{self, repr, str_repr, to_int, to_str, truthy, type_name};
-use super::reservations::{ReserveRef, ReserveRequest, Status};
+use super::reservations::{ReserveRef, ReserveRequest, Status, StatusView};
 use super::scan::{self, Scan};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -274,6 +275,26 @@ fn scan_reserve(s: &mut Scan<'_>) -> Option<ReserveRequest> {
     scan_reserve_fields(s).map(|r| r.to_request())
 }
 
+/// The `(transfer_id, reservation_id)` items of a `complete_batch` frame in the clients'
+/// exact layout, borrowed from the frame, or `None`. Whatever it returns,
+/// [`decode_request_general`] decodes as `Request::CompleteBatch` of the same ids, every
+/// item valid: it is [`decode_request_fast`] for this one op without a `String` per id.
+pub fn scan_complete_batch(frame: &[u8], max_batch_items: usize) -> Option<Vec<(&str, &str)>> {
+    let mut s = Scan::new(frame);
+    s.lit(b"{\"op\": \"complete_batch\", \"items\": ")?;
+    let items = s.list(|s| {
+        s.lit(b"{\"transfer_id\": ")?;
+        let transfer_id = s.str()?;
+        s.lit(b", \"reservation_id\": ")?;
+        let reservation_id = s.str()?;
+        s.lit(b"}")?;
+        Some((transfer_id, reservation_id))
+    })?;
+    s.lit(b"}")?;
+    s.end()?;
+    (items.len() <= max_batch_items).then_some(items)
+}
+
 /// `"transfer_id": .., "reservation_id": ..}` (after the opening brace, or the op and
 /// its separator).
 fn scan_complete(s: &mut Scan<'_>) -> Option<CompleteItem> {
@@ -527,31 +548,89 @@ pub struct ReadyEvent<'a> {
 /// [`ReadyEvent`] writes it (see [`encode_event_general`]), without the intermediate copies.
 pub fn encode_event(transfer_id: &str, status: &Status, shard: u16) -> Vec<u8> {
     let mut out = Vec::with_capacity(192 + transfer_id.len() + status.mm_hash.len());
+    write_event_fields(&mut out, transfer_id, |out| dumps::write_str(out, &status.mm_hash), status, shard);
+    out
+}
+
+/// [`encode_event`] of a borrowed status, appended to `out` (the shard's event queue):
+/// the same bytes, without an owned status or a buffer of its own.
+pub fn write_event(out: &mut Vec<u8>, transfer_id: &str, status: &StatusView<'_>, shard: u16) {
+    let mm_hash = |out: &mut Vec<u8>| match status.mm_hash {
+        MmHash::Hex(bytes) => {
+            // Lowercase hex digits need no escape.
+            let mut hex = [0u8; 66];
+            hex[0] = b'"';
+            hex[65] = b'"';
+            ids::hex_into(&mut hex[1..65], bytes);
+            out.extend_from_slice(&hex);
+        }
+        MmHash::Text(text) => dumps::write_str(out, text),
+    };
+    let fields = EventFields {
+        ready: status.ready,
+        reservation_id: status.reservation_id,
+        nbytes: status.nbytes,
+        shape: status.shape,
+        dtype: status.dtype,
+    };
+    write_event_fields(out, transfer_id, mm_hash, fields, shard);
+}
+
+/// The fields of an event after its `mm_hash`, owned or borrowed.
+struct EventFields<'a> {
+    ready: bool,
+    reservation_id: Option<super::ids::ReservationId>,
+    nbytes: u64,
+    shape: &'a [u64],
+    dtype: DType,
+}
+
+impl<'a> From<&'a Status> for EventFields<'a> {
+    fn from(s: &'a Status) -> Self {
+        EventFields {
+            ready: s.ready,
+            reservation_id: s.reservation_id,
+            nbytes: s.nbytes,
+            shape: &s.shape,
+            dtype: s.dtype,
+        }
+    }
+}
+
+#[inline]
+fn write_event_fields<'a>(
+    out: &mut Vec<u8>,
+    transfer_id: &str,
+    mm_hash: impl FnOnce(&mut Vec<u8>),
+    status: impl Into<EventFields<'a>>,
+    shard: u16,
+) {
+    let status: EventFields<'a> = status.into();
+    out.reserve(192 + transfer_id.len());
     out.extend_from_slice(b"{\"transfer_id\": ");
-    dumps::write_str(&mut out, transfer_id);
+    dumps::write_str(out, transfer_id);
     out.extend_from_slice(b", \"mm_hash\": ");
-    dumps::write_str(&mut out, &status.mm_hash);
+    mm_hash(out);
     out.extend_from_slice(if status.ready { b", \"ready\": true" } else { b", \"ready\": false" });
     out.extend_from_slice(b", \"reservation_id\": \"");
     if let Some(id) = status.reservation_id {
         out.extend_from_slice(&id.to_hex());
     }
     out.extend_from_slice(b"\", \"nbytes\": ");
-    dumps::write_u64(&mut out, status.nbytes);
+    dumps::write_u64(out, status.nbytes);
     out.extend_from_slice(b", \"shape\": [");
     for (i, d) in status.shape.iter().enumerate() {
         if i > 0 {
             out.extend_from_slice(b", ");
         }
-        dumps::write_u64(&mut out, *d);
+        dumps::write_u64(out, *d);
     }
     out.extend_from_slice(b"], \"dtype\": \"");
     // Canonical dtype names are plain ASCII identifiers.
     out.extend_from_slice(status.dtype.name().as_bytes());
     out.extend_from_slice(b"\", \"shard\": ");
-    dumps::write_u64(&mut out, u64::from(shard));
+    dumps::write_u64(out, u64::from(shard));
     out.push(b'}');
-    out
 }
 
 /// [`encode_event`] through [`ReadyEvent`] and `serde_json`.
@@ -688,6 +767,25 @@ pub fn write_reserve_ok(out: &mut Vec<u8>, fields: &ReserveFields<'_>) {
         LastFlag::Cancelled(false) => b", \"cancelled\": false}}",
         LastFlag::Cancelled(true) => b", \"cancelled\": true}}",
     });
+}
+
+/// [`encode_ok`] of a `complete_batch` result, `{"items": [...]}`, written in one pass.
+pub fn encode_complete_batch_ok(results: &[CompleteResult]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + 45 * results.len());
+    out.extend_from_slice(b"{\"ok\": true, \"result\": {\"items\": [");
+    for (i, r) in results.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(match (r.completed, r.became_ready) {
+            (true, true) => b"{\"completed\": true, \"became_ready\": true}",
+            (true, false) => b"{\"completed\": true, \"became_ready\": false}",
+            (false, true) => b"{\"completed\": false, \"became_ready\": true}",
+            (false, false) => b"{\"completed\": false, \"became_ready\": false}",
+        });
+    }
+    out.extend_from_slice(b"]}}");
+    out
 }
 
 /// [`encode_ok`] through `serde_json`.
