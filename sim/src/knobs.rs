@@ -36,4 +36,19 @@ pub struct Knobs {
     /// spec ec-control.md section 5: one per (thread, address)), and so the coordinator's
     /// `PushConfig::max_requests_per_shard`; `None` = one, the default.
     pub producer_sockets_per_shard: Option<usize>,
+    /// Producer stalls: now and then a producer's control threads stop for a while (the
+    /// encoder's model thread holds the interpreter, a long garbage collection), and a
+    /// control request due during a stall leaves when it ends. The transfer engine's
+    /// writes run on threads of their own and go on. `None` (production's idle encoders):
+    /// no stall.
+    pub producer_stalls: Option<ProducerStalls>,
+}
+
+/// When producers stall (`Knobs::producer_stalls`), drawn per producer from the seed.
+#[derive(Clone, Copy, Debug)]
+pub struct ProducerStalls {
+    /// Mean time from the end of one stall to the start of the next.
+    pub mean_gap: Duration,
+    /// Shortest and longest stall.
+    pub length: (Duration, Duration),
 }

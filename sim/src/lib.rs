@@ -13,6 +13,7 @@ pub mod engine;
 pub mod faults;
 pub mod hosts;
 pub mod knobs;
+pub mod landed;
 pub mod oracle;
 pub mod p2p;
 pub mod perfetto;

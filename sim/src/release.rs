@@ -91,6 +91,14 @@ pub fn note_handled(host: &str, incarnation: u32, frame: &[u8], shard: &Shard) {
             return;
         }
         let Some(tid) = v.get("transfer_id").and_then(Value::as_str) else { return };
+        // An abandon naming one reservation that leaves the record EXPIRED was rejected
+        // (spec 3.5 rules 1 and 8: that reservation was refreshed away or timed out) and
+        // released nothing: the next reserve replaces the EXPIRED record by design (3.3
+        // rule 3), e.g. a second push of the transfer re-reserving after its refresh.
+        let named = v.get("reservation_id").and_then(Value::as_str).is_some_and(|r| !r.is_empty());
+        if named && shard.book().state_of(tid) == Some(State::Expired) {
+            return;
+        }
         if !live(tid) {
             world::with(|w| {
                 w.release.cancelled.entry(host.to_string()).or_default().insert(tid.to_string(), incarnation)

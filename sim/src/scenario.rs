@@ -119,6 +119,7 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         "ec-s11" => k = knobs_s11(),
         "ec-s12" => k = knobs_s12(),
         "ec-s14" => k = knobs_s14(),
+        "ec-s12b" => k = knobs_s12b(),
         // A backlog bound a control timeout of undrained events exceeds.
         "ec-s4" => k.max_pending_events = Some(EC_S4_MAX_PENDING_EVENTS),
         // A request names the peer right after its session was reaped, before the next
@@ -175,6 +176,42 @@ fn knobs_s14() -> Knobs {
     k
 }
 
+/// EC S12b: a proxy retries every encoder call on the other producer with the same
+/// transfer ids (spec S24) 0.1 to 0.5 s after the first, while both encoders are slow:
+/// the first finishes 145 to 145.5 s after its push reserved (short of the 150 s refresh
+/// age, so it writes into its own reservation), the retried one 150 to 150.5 s after its
+/// own, so it refreshes the reservation it holds as a duplicate and re-reserves, always
+/// after the first push's write landed (writes take 2 to 4 s). Busy encoders stall their
+/// producers' control threads for 2 to 6 s about every 20 s, so the first push's
+/// `complete` can reach a rank after the retry's re-reserve and before the retry's own
+/// write lands. The requests arrive once the seed's faults healed (the race needs none,
+/// and a retried push's cleanup after a lost reserve abandons the first push's writer,
+/// a hazard of its own), and the scheduler waits 200 s for the items.
+fn knobs_s12b() -> Knobs {
+    let mut k = Knobs::default();
+    // Mostly distinct items (each first push of one a writer), few enough to fit the pool
+    // while every one of them waits 150 s for its encoder.
+    k.workload.start = crate::engine::ACTIVE + Duration::from_secs(1);
+    k.workload.hashes = 4096;
+    k.workload.mean_gap = Duration::from_millis(400);
+    k.workload.max_items = 2;
+    k.workload.min_encode = Duration::from_millis(145_000);
+    k.workload.max_encode = Duration::from_millis(145_500);
+    k.workload.retry = Some(crate::hosts::workload::RetryConfig {
+        per_mille: 1000,
+        after: (Duration::from_millis(100), Duration::from_millis(500)),
+        encode: (Duration::from_millis(150_000), Duration::from_millis(150_500)),
+    });
+    k.device.setup = Duration::from_secs(2);
+    k.device.jitter = Duration::from_secs(2);
+    k.producer_stalls = Some(crate::knobs::ProducerStalls {
+        mean_gap: Duration::from_secs(20),
+        length: (Duration::from_secs(2), Duration::from_secs(6)),
+    });
+    k.push_wait_timeout = Some(Duration::from_secs(200));
+    k
+}
+
 /// EC S11: the consumer gives up on an item while its write is still in flight. Writes
 /// take 3 to 8 s (a congested data plane: longer than the 2 s grace), encoders up to 25 s,
 /// and the scheduler waits 20 s (the production setting of spec S15), so many requests
@@ -207,12 +244,21 @@ pub fn resolve(name: &str) -> Option<Resolved> {
     }
     let race = regressions::race(name)?;
     Some(Resolved {
-        topology: RACE_TOPOLOGY.to_string(),
+        topology: topology_of(name).to_string(),
         regressions: race.regressions(),
         race: Some(race),
         bias: bias_of(name),
         knobs: knobs_of(name),
     })
+}
+
+/// The topology a race scenario runs on: [`RACE_TOPOLOGY`], or one with a second
+/// producer where the race needs two pushes of one transfer id.
+fn topology_of(scenario: &str) -> &'static str {
+    match scenario {
+        "ec-s12b" => "small-2p",
+        _ => RACE_TOPOLOGY,
+    }
 }
 
 /// Every scenario name: the topologies, then the races.

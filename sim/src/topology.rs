@@ -87,18 +87,25 @@ impl Topology {
         }
     }
 
-    /// The topology of a named scenario (`"full"`, `"small"`).
+    /// [`Self::small`] with a second producer: a retried encoder call can run on another
+    /// encoder than the first (spec S24's client-supplied transfer ids).
+    pub fn small_two_producers() -> Self {
+        Topology { producers: names("producer", 2), ..Self::small() }
+    }
+
+    /// The topology of a named scenario (`"full"`, `"small"`, `"small-2p"`).
     pub fn by_name(name: &str) -> Option<Self> {
         match name {
             "full" => Some(Self::full()),
             "small" => Some(Self::small()),
+            "small-2p" => Some(Self::small_two_producers()),
             _ => None,
         }
     }
 
     /// Names of the scenarios [`Self::by_name`] knows.
     pub fn names() -> &'static [&'static str] {
-        &["full", "small"]
+        &["full", "small", "small-2p"]
     }
 
     /// Every turmoil host, in registration order: producers, consumer ranks, schedulers,

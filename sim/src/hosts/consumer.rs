@@ -186,7 +186,12 @@ async fn serve(
             clock::sleep(delay).await;
         }
         let reply = shard.borrow_mut().handle_request(&frame, clock::now());
-        world::with(|w| w.dirty.insert(host.to_string()));
+        world::with(|w| {
+            w.dirty.insert(host.to_string());
+            if let Some(session) = w.ranks.get(host).map(|r| r.session.clone()) {
+                w.landed.note_handled(&session, &frame, &reply);
+            }
+        });
         crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
         if let Some(why) = shard.borrow().halted() {
             return Stop::Halted(format!("{why:?}"));
@@ -213,14 +218,20 @@ fn flush_events(
     loop {
         let Some(frame) = shard.borrow().peek_event().map(<[u8]>::to_vec) else { return Ok(()) };
         let transfer_id = decode_event(&frame).ok().flatten().map(|e| e.transfer_id);
-        match push.try_send(vec![frame]) {
+        match push.try_send(vec![frame.clone()]) {
             Ok(()) => {
                 shard.borrow_mut().confirm_sent();
                 if let Some(tid) = transfer_id {
-                    world::with(|w| {
+                    let unwritten = world::with(|w| {
                         w.announced_at.insert((host.to_string(), tid.clone()), clock::now());
-                        w.published.entry((consumer, tid)).or_default().insert(rank)
+                        w.published.entry((consumer, tid)).or_default().insert(rank);
+                        let session = w.ranks.get(host).map(|r| r.session.clone()).unwrap_or_default();
+                        w.landed.check_published(&session, &frame).err()
                     });
+                    // Oracle: an item is announced only once its reservation's bytes landed.
+                    if let Some(detail) = unwritten {
+                        crate::oracle::violate("accept-before-ready", host, detail);
+                    }
                 }
             }
             Err(ZmqError::Again) => return Ok(()),

@@ -16,12 +16,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
+use std::time::Duration;
 
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, ItemRef, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit,
 };
 use ctlplane_core::ec::State;
 use ctlplane_core::time::Instant;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -29,6 +32,7 @@ use super::client::{ControlClient, CONTROL_TIMEOUT};
 use super::workload::Request;
 use super::world::{self, Pushed};
 use crate::clock;
+use crate::knobs::ProducerStalls;
 use crate::zmq::Context;
 
 enum Answer {
@@ -68,6 +72,21 @@ pub async fn run(host: String) -> turmoil::Result {
     let (tx, mut rx) = mpsc::unbounded_channel::<Answer>();
     let start = clock::now();
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());
+    // Retried encoder calls this producer runs (`WorkloadConfig::retry`), in time order.
+    let mut retries: Vec<(Instant, usize)> = workload
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.retry.as_ref().filter(|t| t.producer == me && t.at >= start).map(|t| (t.at, i)))
+        .collect();
+    retries.sort();
+    let mut next_retry = 0;
+    let stalls = world::with(|w| {
+        let salt = (me as u64) << 32 | u64::from(incarnation);
+        w.knobs
+            .producer_stalls
+            .map(|c| stall_windows(&c, start, &mut world::rng(w.seed, world::stream::PRODUCER, salt)))
+    })
+    .unwrap_or_default();
     // Source binds due, by time.
     let mut binds: BTreeMap<Instant, Vec<_>> = BTreeMap::new();
     let mut batches = BTreeMap::new();
@@ -97,6 +116,23 @@ pub async fn run(host: String) -> turmoil::Result {
                 &[("request", &req.id), ("batch", &id), ("items", &req.items.len())],
             );
         }
+        while let Some(&(at, r)) = retries.get(next_retry).filter(|(at, _)| *at <= now) {
+            next_retry += 1;
+            let (Some(req), Some(retry)) = (workload.get(r), workload.get(r).and_then(|q| q.retry.as_ref())) else {
+                continue;
+            };
+            let Some(base) = bases.get(req.consumer) else { continue };
+            let batch = PushBatch::new(base.clone(), req.items.clone()).awaiting_source();
+            let id = coordinator.push(batch, now);
+            batches.insert(id, req.id);
+            began.insert(id, (req.consumer, world::with(|w| w.rank_incarnations(req.consumer))));
+            binds.entry(at + retry.encode).or_default().push(id);
+            crate::trace::record(
+                &host,
+                "ec.push_retry",
+                &[("request", &req.id), ("batch", &id), ("items", &req.items.len())],
+            );
+        }
         while let Some(entry) = binds.first_entry().filter(|e| *e.key() <= now) {
             for id in entry.remove() {
                 if let Err(e) = coordinator.bind_source(id, now) {
@@ -122,7 +158,12 @@ pub async fn run(host: String) -> turmoil::Result {
                     socket_busy.insert((slot, addr.clone()));
                     carried_by.insert(token, (slot, addr.clone()));
                     let (client, tx) = (clients[slot].clone(), tx.clone());
+                    // A request due while the producer stalls leaves when the stall ends.
+                    let resume = stalls.iter().find(|(from, to)| *from <= now && now < *to).map(|w| w.1);
                     tokio::task::spawn_local(async move {
+                        if let Some(at) = resume {
+                            clock::sleep_until(at).await;
+                        }
                         let reply = client.request(&addr, frame).await;
                         let _ = tx.send(Answer::Reply(token, reply));
                     });
@@ -131,14 +172,14 @@ pub async fn run(host: String) -> turmoil::Result {
                     write_items.insert(token, item);
                     outstanding.insert(token, (item.batch, "write"));
                     let (tx, host) = (tx.clone(), host.clone());
-                    let transfer_id = batches
+                    let (transfer_id, mm_hash) = batches
                         .get(&item.batch)
                         .and_then(|&r| workload.get(r as usize))
                         .and_then(|r| r.items.get(item.index))
-                        .map(|i| i.transfer_id.clone())
+                        .map(|i| (i.transfer_id.clone(), i.mm_hash.clone()))
                         .unwrap_or_default();
                     tokio::task::spawn_local(async move {
-                        let result = write(&host, &session, dst_ptr, nbytes, &transfer_id).await;
+                        let result = write(&host, &session, dst_ptr, nbytes, &transfer_id, &mm_hash).await;
                         let _ = tx.send(Answer::Write(token, result));
                     });
                 }
@@ -190,7 +231,11 @@ pub async fn run(host: String) -> turmoil::Result {
                 &[("request", &request), ("pushed", &pushed), ("skipped", &skipped), ("failed", &failed)],
             );
         }
-        let wake = [workload.get(next).map(|r| r.at), binds.keys().next().copied()].into_iter().flatten().min();
+        let wake =
+            [workload.get(next).map(|r| r.at), binds.keys().next().copied(), retries.get(next_retry).map(|r| r.0)]
+                .into_iter()
+                .flatten()
+                .min();
         let answer = match wake {
             Some(at) => tokio::select! {
                 biased;
@@ -239,6 +284,26 @@ fn batch_of_frame(frame: &[u8], batch_of: &BTreeMap<String, BatchId>) -> Option<
     Some((op, *batch_of.get(tid)?))
 }
 
+/// The stalls of one producer incarnation from `start` to the end of the run: gaps drawn
+/// around `mean_gap` (uniform up to twice it), lengths between the bounds.
+fn stall_windows(config: &ProducerStalls, start: Instant, rng: &mut ChaCha8Rng) -> Vec<(Instant, Instant)> {
+    let span = |rng: &mut ChaCha8Rng, lo: Duration, hi: Duration| {
+        Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.max(lo).as_nanos() as u64))
+    };
+    let end = Instant::from_nanos(crate::engine::END.as_nanos() as u64);
+    let mut out = Vec::new();
+    let mut t = start;
+    loop {
+        t = t + span(rng, Duration::ZERO, config.mean_gap * 2);
+        if t >= end {
+            return out;
+        }
+        let until = t + span(rng, config.length.0, config.length.1);
+        out.push((t, until));
+        t = until;
+    }
+}
+
 /// Records, for the announcement oracle, the items of a finished batch that were pushed
 /// into their own destination on every rank (`writes(index)` landed writes) while their
 /// request still waited for them.
@@ -271,7 +336,14 @@ fn note_pushed(
 /// fails); the ledger checks where it landed, and that the reservation it was granted
 /// for (`transfer_id`'s on that rank) still owns it as a writer: a region freed and handed
 /// to another transfer would pass the region check alone.
-async fn write(host: &str, session: &str, dst_ptr: u64, nbytes: u64, transfer_id: &str) -> Result<(), String> {
+async fn write(
+    host: &str,
+    session: &str,
+    dst_ptr: u64,
+    nbytes: u64,
+    transfer_id: &str,
+    mm_hash: &str,
+) -> Result<(), String> {
     let plan = world::with(|w| w.device.plan_write(nbytes));
     clock::sleep(plan.latency).await;
     let (landed, granted) = world::with(|w| {
@@ -281,6 +353,9 @@ async fn write(host: &str, session: &str, dst_ptr: u64, nbytes: u64, transfer_id
         });
         let rank = w.device.slab(session).and_then(|reg| ranks.get(&reg.host));
         let granted = rank.map(|r| r.shard.borrow().book().state_of(transfer_id));
+        if landed.is_ok() {
+            w.landed.note_landed(session, dst_ptr, nbytes, mm_hash);
+        }
         (landed, granted)
     });
     match landed {

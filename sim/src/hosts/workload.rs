@@ -35,6 +35,32 @@ pub struct WorkloadConfig {
     /// one (`None`: production's single wave). A scenario sets it past the heal and every
     /// client timeout, to see whether the service works again once the faults are gone.
     pub late_wave: Option<(Duration, Duration)>,
+    /// Encoder calls the proxy retries (`None`: production's workload, no retry). Spec S24:
+    /// transfer ids may be client-supplied, so a retried request carries the same ids and
+    /// its push runs on another producer while the first one is still on its way.
+    pub retry: Option<RetryConfig>,
+}
+
+/// Retried encoder calls: the same items pushed a second time by another producer.
+#[derive(Clone, Debug)]
+pub struct RetryConfig {
+    /// Requests retried, per mille.
+    pub per_mille: u32,
+    /// The retry starts this long after the request (at least, at most).
+    pub after: (Duration, Duration),
+    /// The retried encoder's run time (at least, at most).
+    pub encode: (Duration, Duration),
+}
+
+/// The second push of a retried request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// When the retried call reaches the producer.
+    pub at: Instant,
+    /// Index into `Topology::producers`: never the first push's.
+    pub producer: usize,
+    /// Its encoder run time.
+    pub encode: Duration,
 }
 
 impl Default for WorkloadConfig {
@@ -48,6 +74,7 @@ impl Default for WorkloadConfig {
             max_encode: Duration::from_millis(40),
             min_encode: Duration::ZERO,
             late_wave: None,
+            retry: None,
         }
     }
 }
@@ -65,6 +92,8 @@ pub struct Request {
     pub items: Vec<PushItem>,
     /// Encoder run time: the push is reserved at once and its source bound this much later.
     pub encode: Duration,
+    /// A retried encoder call pushing the same items again (`WorkloadConfig::retry`).
+    pub retry: Option<Retry>,
 }
 
 /// Draws the requests of a run, in arrival order.
@@ -81,7 +110,33 @@ pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &m
     if let Some((start, span)) = config.late_wave {
         draw_wave(config, &hashes, start, span, consumers, producers, rng, &mut out);
     }
+    // Drawn after everything else, so a workload without retries is drawn as before.
+    if let Some(retry) = &config.retry {
+        draw_retries(retry, producers, rng, &mut out);
+    }
     out
+}
+
+/// Marks the retried requests: each retry starts `after` its request, on another producer.
+/// With one producer there is none: its push manager would merge the duplicate spec into
+/// the push in flight (spec 3.9).
+fn draw_retries(config: &RetryConfig, producers: usize, rng: &mut ChaCha8Rng, out: &mut [Request]) {
+    if producers < 2 {
+        return;
+    }
+    let span = |rng: &mut ChaCha8Rng, (lo, hi): (Duration, Duration)| {
+        Duration::from_nanos(rng.gen_range(lo.as_nanos() as u64..=hi.max(lo).as_nanos() as u64))
+    };
+    for req in out.iter_mut() {
+        if rng.gen_range(0..1000) >= config.per_mille {
+            continue;
+        }
+        let after = span(rng, config.after);
+        let encode = span(rng, config.encode);
+        let producer = (req.producer + rng.gen_range(1..producers)) % producers;
+        let at = Instant::from_nanos(req.at.as_nanos() + after.as_nanos() as u64);
+        req.retry = Some(Retry { at, producer, encode });
+    }
 }
 
 /// Appends the requests arriving during `[start, start + span)` to `out`.
@@ -128,6 +183,7 @@ fn draw_wave(
             encode: Duration::from_nanos(rng.gen_range(
                 config.min_encode.as_nanos() as u64..=config.max_encode.max(config.min_encode).as_nanos() as u64,
             )),
+            retry: None,
         });
         t += Duration::from_nanos(rng.gen_range(0..=2 * gap_ns));
     }
@@ -162,5 +218,31 @@ mod tests {
         for i in &items {
             assert_eq!(i.nbytes, i.shape.iter().product::<u64>() * 2);
         }
+        assert!(a.iter().all(|r| r.retry.is_none()), "no retry unless configured");
+    }
+
+    #[test]
+    fn retries_repeat_a_request_on_another_producer_and_leave_the_rest_as_drawn() {
+        let plain = WorkloadConfig::default();
+        let retry = RetryConfig {
+            per_mille: 500,
+            after: (Duration::from_millis(100), Duration::from_millis(500)),
+            encode: (Duration::from_secs(150), Duration::from_secs(151)),
+        };
+        let cfg = WorkloadConfig { retry: Some(retry), ..plain.clone() };
+        let base = draw(&plain, 1, 2, &mut ChaCha8Rng::seed_from_u64(3));
+        let retried = draw(&cfg, 1, 2, &mut ChaCha8Rng::seed_from_u64(3));
+        assert_eq!(base.len(), retried.len());
+        let mut n = 0;
+        for (b, r) in base.iter().zip(&retried) {
+            assert_eq!(Request { retry: None, ..r.clone() }, *b, "the requests themselves are unchanged");
+            let Some(t) = &r.retry else { continue };
+            n += 1;
+            assert_ne!(t.producer, r.producer, "another producer");
+            let after = t.at.as_nanos() - r.at.as_nanos();
+            assert!((100_000_000..=500_000_000).contains(&after), "{after}");
+            assert!(t.encode >= Duration::from_secs(150) && t.encode <= Duration::from_secs(151));
+        }
+        assert!(n > base.len() / 4 && n < base.len() * 3 / 4, "{n} of {}", base.len());
     }
 }

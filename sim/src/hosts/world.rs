@@ -30,6 +30,7 @@ pub mod stream {
     pub const DEVICE: u64 = 2;
     pub const SHARD: u64 = 3;
     pub const TURMOIL: u64 = 4;
+    pub const PRODUCER: u64 = 5;
 }
 
 /// A ChaCha stream for `purpose` (and `salt`, e.g. a host and incarnation) of `seed`.
@@ -107,6 +108,9 @@ pub struct World {
     pub held: BTreeMap<String, Held>,
     /// Items whose push a producer reported failed, by transfer id.
     pub push_failed: BTreeSet<String>,
+    /// Where written bytes landed and which destinations ranks granted
+    /// (`accept-before-ready`).
+    pub landed: crate::landed::LandedLedger,
 }
 
 /// An item its producer reported pushed (see [`World::pushed`]).
@@ -173,6 +177,7 @@ impl World {
             announced_at: BTreeMap::new(),
             held: BTreeMap::new(),
             push_failed: BTreeSet::new(),
+            landed: crate::landed::LandedLedger::default(),
         }
     }
 
