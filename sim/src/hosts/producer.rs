@@ -98,40 +98,30 @@ pub async fn run(host: String) -> turmoil::Result {
 
     loop {
         let now = clock::now();
+        // Pushes due now: this producer's own requests (bound when the encoder finishes),
+        // then the retries handed to it (same transfer ids, their own encoder run).
+        let mut due = Vec::new();
         while let Some(req) = workload.get(next).filter(|r| r.at <= now) {
             next += 1;
-            if req.producer != me {
-                continue;
+            if req.producer == me {
+                due.push((req, now + req.encode, "ec.push"));
             }
+        }
+        while let Some(&(at, r)) = retries.get(next_retry).filter(|(at, _)| *at <= now) {
+            next_retry += 1;
+            if let Some((req, retry)) = workload.get(r).and_then(|q| Some((q, q.retry.as_ref()?))) {
+                due.push((req, at + retry.encode, "ec.push_retry"));
+            }
+        }
+        for (req, bind_at, what) in due {
             let Some(base) = bases.get(req.consumer) else { continue };
             let batch = PushBatch::new(base.clone(), req.items.clone()).awaiting_source();
             let id = coordinator.push(batch, now);
             batch_of.extend(req.items.iter().map(|i| (i.transfer_id.clone(), id)));
             batches.insert(id, req.id);
             began.insert(id, (req.consumer, world::with(|w| w.rank_incarnations(req.consumer))));
-            binds.entry(now + req.encode).or_default().push(id);
-            crate::trace::record(
-                &host,
-                "ec.push",
-                &[("request", &req.id), ("batch", &id), ("items", &req.items.len())],
-            );
-        }
-        while let Some(&(at, r)) = retries.get(next_retry).filter(|(at, _)| *at <= now) {
-            next_retry += 1;
-            let (Some(req), Some(retry)) = (workload.get(r), workload.get(r).and_then(|q| q.retry.as_ref())) else {
-                continue;
-            };
-            let Some(base) = bases.get(req.consumer) else { continue };
-            let batch = PushBatch::new(base.clone(), req.items.clone()).awaiting_source();
-            let id = coordinator.push(batch, now);
-            batches.insert(id, req.id);
-            began.insert(id, (req.consumer, world::with(|w| w.rank_incarnations(req.consumer))));
-            binds.entry(at + retry.encode).or_default().push(id);
-            crate::trace::record(
-                &host,
-                "ec.push_retry",
-                &[("request", &req.id), ("batch", &id), ("items", &req.items.len())],
-            );
+            binds.entry(bind_at).or_default().push(id);
+            crate::trace::record(&host, what, &[("request", &req.id), ("batch", &id), ("items", &req.items.len())]);
         }
         while let Some(entry) = binds.first_entry().filter(|e| *e.key() <= now) {
             for id in entry.remove() {
