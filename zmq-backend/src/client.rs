@@ -12,6 +12,7 @@ use crate::curve::CurveClient;
 use crate::requests::{self, Completion, ReserveSpec};
 use crate::{lock, sockets};
 use ctlplane_core::ec::pyjson;
+use ctlplane_core::ec::reply_text;
 use ctlplane_core::ec::request_slot::{Busy, ReplyFate, RequestSlot};
 use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::topology::{TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
@@ -162,6 +163,16 @@ impl ControlClient {
     pub fn request_frame(&self, addr: &str, frame: &[u8]) -> Result<Value, ClientError> {
         match self.exchange(addr, frame, wire::decode_reply)? {
             Ok(result) => Ok(result),
+            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
+        }
+    }
+
+    /// [`Self::request_frame`], the result handed back as its JSON text (see
+    /// `ctlplane_core::ec::reply_text`) for a caller that builds its own value from it.
+    pub fn request_frame_text(&self, addr: &str, frame: &[u8]) -> Result<Vec<u8>, ClientError> {
+        let decode = |reply: &[u8]| reply_text::result_text(reply).map(|r| r.map(|text| text.into_owned()));
+        match self.exchange(addr, frame, decode)? {
+            Ok(text) => Ok(text),
             Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
         }
     }

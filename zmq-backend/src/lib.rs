@@ -6,6 +6,7 @@
 //! out what it returns. That keeps the simulator, which drives the same core types, a
 //! faithful test of production.
 
+pub mod callback_server;
 pub mod client;
 pub mod clock;
 pub mod curve;
@@ -18,6 +19,7 @@ mod serve_loop;
 pub mod server;
 mod sockets;
 
+pub use callback_server::CallbackControlServer;
 pub use client::{ClientError, ControlClient};
 pub use clock::Clock;
 pub use ctlplane_core::ec::reserve_outcome::{ReserveGrant, ReserveOutcome};

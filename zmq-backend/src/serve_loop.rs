@@ -139,7 +139,7 @@ fn flush_events<R: RngCore>(push: &zmq::Socket, shard: &mut ConsumerShard<R>) ->
 /// serving, where the reference would probably fail its reply and stop.
 ///
 /// The frame is handed over in libzmq's own buffer, without a copy.
-fn recv_request(rep: &zmq::Socket) -> Result<Option<zmq::Message>, LoopError> {
+pub(crate) fn recv_request(rep: &zmq::Socket) -> Result<Option<zmq::Message>, LoopError> {
     let frame = match rep.recv_msg(0) {
         Ok(frame) => frame,
         Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => return Ok(None),
@@ -165,7 +165,7 @@ fn recv_request(rep: &zmq::Socket) -> Result<Option<zmq::Message>, LoopError> {
 }
 
 /// `send`, retried when a signal interrupts it.
-fn send_retrying(socket: &zmq::Socket, frame: &[u8], flags: i32) -> zmq::Result<()> {
+pub(crate) fn send_retrying(socket: &zmq::Socket, frame: &[u8], flags: i32) -> zmq::Result<()> {
     loop {
         match socket.send(frame, flags) {
             Err(zmq::Error::EINTR) => continue,

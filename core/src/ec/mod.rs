@@ -4,6 +4,7 @@
 //! its readiness events, deciding with a [`reservations::ReservationBook`] over a
 //! [`slab::Slab`]. [`wire`] is the JSON both sides speak.
 
+pub mod callbacks;
 pub mod config;
 pub mod dataplane;
 pub mod dtype;
@@ -15,6 +16,7 @@ pub(crate) mod keyed_hash;
 pub mod producer;
 pub mod pyjson;
 pub mod readiness;
+pub mod reply_text;
 pub mod request_slot;
 pub mod requests;
 pub mod reservations;

@@ -113,6 +113,27 @@ impl ZmqTransport {
         })
     }
 
+    /// [`Self::bind_with`], announcing `local_id` (every DEALER's routing identity) instead
+    /// of `host:port`, as the reference's constructor takes its id from the caller.
+    pub fn bind_as(local_id: &str, host: &str, port: u16, options: TransportOptions) -> Result<Self, P2pError> {
+        let mut transport = Self::bind_with(host, port, options)?;
+        let config = RegistryConfig { local_id: local_id.to_string(), ..transport.registry.config().clone() };
+        // Nothing is registered yet, so the registry can be replaced whole.
+        transport.registry = ConnectionRegistry::new(config);
+        Ok(transport)
+    }
+
+    /// The handle of `peer`'s registered connection, if any: a binding's connection
+    /// object keeps it to tell its own connection from a later one to the same peer.
+    pub fn conn_id(&self, peer: &str) -> Option<ConnId> {
+        self.registry.conn_id(peer)
+    }
+
+    /// [`Self::mark_dead`], only while `conn` is still `peer`'s registered connection.
+    pub fn mark_dead_conn(&mut self, peer: &str, conn: ConnId) -> bool {
+        self.registry.mark_dead_conn(peer, conn)
+    }
+
     /// `"host:port"`: this node's peer id and every DEALER's routing identity.
     pub fn local_id(&self) -> &str {
         &self.registry.config().local_id

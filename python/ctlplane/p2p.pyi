@@ -1,0 +1,2 @@
+from ctlplane._native import ZmqConnection as ZmqConnection
+from ctlplane._native import ZmqTransport as ZmqTransport

@@ -1,0 +1,181 @@
+//! Builds Python objects straight from a reply's JSON text, as `json.loads` would, without
+//! an intermediate value tree.
+//!
+//! Anything this reader does not take (lone surrogates, NaN, nesting deeper than
+//! serde_json's limit) is an error, and the caller hands the text to `json.loads`.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+
+/// The key serde_json's `arbitrary_precision` uses to hand a number over as its text.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+/// `text` as Python objects, or `None` when `json.loads` must read it.
+pub fn loads<'py>(py: Python<'py>, text: &[u8]) -> Option<Bound<'py, PyAny>> {
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let value = Seed { py }.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(value)
+}
+
+#[derive(Clone, Copy)]
+struct Seed<'py> {
+    py: Python<'py>,
+}
+
+impl<'de, 'py> DeserializeSeed<'de> for Seed<'py> {
+    type Value = Bound<'py, PyAny>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+fn py_err<E: de::Error>(e: PyErr) -> E {
+    E::custom(e.to_string())
+}
+
+/// An integer literal of any width, or a float, from its text.
+fn number<'py, E: de::Error>(py: Python<'py>, text: &str) -> Result<Bound<'py, PyAny>, E> {
+    if text.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+        if let Ok(i) = text.parse::<i64>() {
+            return Ok(PyInt::new(py, i).into_any());
+        }
+        return py.get_type::<PyInt>().call1((text,)).map_err(py_err);
+    }
+    text.parse::<f64>().map(|f| PyFloat::new(py, f).into_any()).map_err(E::custom)
+}
+
+impl<'de, 'py> Visitor<'de> for Seed<'py> {
+    type Value = Bound<'py, PyAny>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(self.py.None().into_bound(self.py))
+    }
+
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Self::Value, E> {
+        Ok(PyBool::new(self.py, b).to_owned().into_any())
+    }
+
+    fn visit_i64<E: de::Error>(self, i: i64) -> Result<Self::Value, E> {
+        Ok(PyInt::new(self.py, i).into_any())
+    }
+
+    fn visit_u64<E: de::Error>(self, u: u64) -> Result<Self::Value, E> {
+        Ok(PyInt::new(self.py, u).into_any())
+    }
+
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Self::Value, E> {
+        Ok(PyFloat::new(self.py, f).into_any())
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(PyString::new(self.py, s).into_any())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let list = PyList::empty(self.py);
+        while let Some(item) = seq.next_element_seed(self)? {
+            list.append(item).map_err(py_err)?;
+        }
+        Ok(list.into_any())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let dict = PyDict::new(self.py);
+        while let Some(key) = map.next_key_seed(KeySeed { py: self.py })? {
+            match key {
+                Key::Number => return map.next_value_seed(NumberSeed { py: self.py }),
+                Key::Name(name) => {
+                    let value = map.next_value_seed(self)?;
+                    dict.set_item(name, value).map_err(py_err)?;
+                }
+            }
+        }
+        Ok(dict.into_any())
+    }
+}
+
+/// Keys already made, shared by every reply: replies repeat a handful of keys, and a
+/// kept `str` also keeps its hash, so the dict insert does not hash it again. Bounded, so
+/// a server inventing keys costs nothing lasting.
+static KEYS: Mutex<Vec<(Box<str>, Py<PyString>)>> = Mutex::new(Vec::new());
+const MAX_KEPT_KEYS: usize = 64;
+const MAX_KEPT_KEY_LEN: usize = 32;
+
+fn key_string<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
+    if s.len() > MAX_KEPT_KEY_LEN {
+        return PyString::new(py, s);
+    }
+    let mut keys = KEYS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, kept)) = keys.iter().find(|(k, _)| &**k == s) {
+        return kept.bind(py).clone();
+    }
+    let made = PyString::new(py, s);
+    if keys.len() < MAX_KEPT_KEYS {
+        keys.push((s.into(), made.clone().unbind()));
+    }
+    made
+}
+
+/// A map key: a `str`, or serde_json's marker of a number handed over as text.
+enum Key<'py> {
+    Number,
+    Name(Bound<'py, PyString>),
+}
+
+struct KeySeed<'py> {
+    py: Python<'py>,
+}
+
+impl<'de, 'py> DeserializeSeed<'de> for KeySeed<'py> {
+    type Value = Key<'py>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de, 'py> Visitor<'de> for KeySeed<'py> {
+    type Value = Key<'py>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string key")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(if s == NUMBER_TOKEN { Key::Number } else { Key::Name(key_string(self.py, s)) })
+    }
+}
+
+/// The text of a number behind [`NUMBER_TOKEN`].
+struct NumberSeed<'py> {
+    py: Python<'py>,
+}
+
+impl<'de, 'py> DeserializeSeed<'de> for NumberSeed<'py> {
+    type Value = Bound<'py, PyAny>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de, 'py> Visitor<'de> for NumberSeed<'py> {
+    type Value = Bound<'py, PyAny>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number's text")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        number(self.py, s)
+    }
+}

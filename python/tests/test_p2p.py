@@ -1,0 +1,204 @@
+"""ctlplane.p2p against itself and the Python reference transport, both ways."""
+
+from __future__ import annotations
+
+import pytest
+
+import ctlplane.p2p as p2p
+from conftest import free_port, open_fds, thread_count, wait_for
+
+MSG = {"type": "probe", "key": b"\x00\xffbin", "text": "str", "big": 2**64 - 1, "neg": -(2**63),
+       "f": 1.5, "nested": [1, {"a": None, "b": True}], "empty": b""}
+
+
+def node(kind: str):
+    port = free_port()
+    local_id = f"127.0.0.1:{port}"
+    if kind == "ctl":
+        return p2p.ZmqTransport(local_id, "127.0.0.1", port), local_id
+    from p2p_reference import ZmqTransport as RefTransport
+
+    return RefTransport(local_id, "127.0.0.1", port), local_id
+
+
+def accept(transport, others=()):
+    """Polls `transport` (and keeps `others` polled) until it accepts a connection."""
+    got: list = []
+
+    def step():
+        for o in others:
+            o.poll()
+        got.extend(transport.poll())
+        return got
+
+    return wait_for(step)[0]
+
+
+def drain(conn, transports, n=1):
+    msgs: list = []
+
+    def step():
+        for t in transports:
+            t.poll()
+        msgs.extend(conn.recv())
+        return len(msgs) >= n
+
+    wait_for(step)
+    return msgs
+
+
+@pytest.mark.parametrize("a_kind,b_kind", [("ctl", "ctl"), ("ctl", "ref"), ("ref", "ctl")])
+def test_round_trip_both_ways(a_kind, b_kind):
+    a, a_id = node(a_kind)
+    b, b_id = node(b_kind)
+    try:
+        out = a.connect(b_id)
+        assert out.peer_id == b_id and out.alive
+        out.send(MSG)
+        inbound = accept(b, [a])
+        assert inbound.peer_id == a_id
+        assert drain(inbound, [b]) == [MSG]
+        inbound.send({"reply": "hello", "n": 7})
+        got = drain(out, [a, b])
+        assert got == [{"reply": "hello", "n": 7}]
+        assert type(got[0]["reply"]) is str
+    finally:
+        a.close()
+        b.close()
+
+
+def test_value_types_stay_as_msgspec_writes_them():
+    a, a_id = node("ctl")
+    b, b_id = node("ctl")
+    try:
+        a.connect(b_id).send(MSG)
+        conn = accept(b, [a])
+        msg = drain(conn, [b])[0]
+        assert type(msg["key"]) is bytes and type(msg["text"]) is str and msg["big"] == 2**64 - 1
+        with pytest.raises(OverflowError):
+            conn.send({"too_big": 2**64})
+        with pytest.raises(TypeError):
+            conn.send({1: "non-str key"})
+        with pytest.raises(TypeError):
+            conn.send({"x": object()})
+    finally:
+        a.close()
+        b.close()
+
+
+def test_duplicate_live_connect_asserts_and_dead_one_is_replaced():
+    a, _ = node("ctl")
+    b, b_id = node("ctl")
+    try:
+        first = a.connect(b_id)
+        with pytest.raises(AssertionError, match="already exists"):
+            a.connect(b_id)
+        first.mark_dead()
+        assert not first.alive
+        with pytest.raises(RuntimeError, match=f"ZmqConnection: send on closed connection to {b_id}"):
+            first.send({"x": 1})
+        second = a.connect(b_id)
+        assert second.alive and not first.alive
+        first.close()  # the old handle never touches the new connection
+        assert second.alive
+        second.close()
+        second.close()
+        assert not second.alive
+        with pytest.raises(RuntimeError, match="send on closed connection"):
+            second.send({"x": 1})
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("restarted_kind", ["ctl", "ref"])
+def test_restart_detection_and_first_message_after_reconnect(restarted_kind):
+    a, a_id = node("ctl")
+    b, b_id = node(restarted_kind)
+    port = int(b_id.rsplit(":", 1)[1])
+    try:
+        out = a.connect(b_id)
+        out.send({"hello": 1})
+        inbound = accept(b, [a])
+        drain(inbound, [b])
+        inbound.send({"ack": 1})
+        drain(out, [a, b])
+        b.close()  # the peer goes away: the monitor's disconnect kills the connection
+        wait_for(lambda: a.poll() is not None and not out.alive)
+        # The peer restarts on the same address.
+        if restarted_kind == "ctl":
+            b = p2p.ZmqTransport(b_id, "127.0.0.1", port)
+        else:
+            from p2p_reference import ZmqTransport as RefTransport
+
+            b = RefTransport(b_id, "127.0.0.1", port)
+        again = a.connect(b_id)
+        again.send({"first": "after reconnect"})
+        inbound2 = accept(b, [a])
+        assert drain(inbound2, [b]) == [{"first": "after reconnect"}]
+        # And the restarted peer reaches us on our surviving ROUTER.
+        inbound2.send({"back": True})
+        assert drain(again, [a, b]) == [{"back": True}]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_inbound_peer_restart_is_a_new_connection():
+    a, a_id = node("ctl")
+    b, b_id = node("ctl")
+    try:
+        b.connect(a_id).send({"n": 1})
+        first = accept(a, [b])
+        drain(first, [a])
+        b.close()
+        wait_for(lambda: a.poll() is not None and not first.alive)
+        b = p2p.ZmqTransport(b_id, "127.0.0.1", int(b_id.rsplit(":", 1)[1]))
+        b.connect(a_id).send({"n": 2})
+        second = accept(a, [b])
+        assert drain(second, [a]) == [{"n": 2}]
+        assert not first.alive and first.recv() == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_full_send_queue_raises_connection_error():
+    a, _ = node("ctl")
+    # Nobody listens on this port: the DEALER queues until its high-water mark.
+    conn = a.connect(f"127.0.0.1:{free_port()}")
+    try:
+        payload = {"pad": b"x" * 64}
+        with pytest.raises(ConnectionError, match="send queue to .* is full"):
+            for _ in range(200_000):
+                conn.send(payload)
+    finally:
+        a.close()
+
+
+def test_close_idempotent_and_no_leak():
+    def cycle() -> None:
+        a, a_id = node("ctl")
+        b, b_id = node("ctl")
+        a.connect(b_id).send({"x": 1})
+        conn = accept(b, [a])
+        drain(conn, [b])
+        for t in (a, a, b, b):
+            t.close()
+        assert not conn.alive
+        assert a.poll() == [] and conn.recv() == []
+
+    cycle()
+    fds, threads = open_fds(), thread_count()
+    for _ in range(3):
+        cycle()
+    wait_for(lambda: open_fds() <= fds and thread_count() <= threads)
+
+
+def test_virtual_subclasses_when_vllm_importable():
+    try:
+        from vllm.v1.kv_offload.tiering.p2p.control.base import ControlConnection, ControlTransport
+    except Exception:
+        pytest.skip("vllm is not importable here")
+    assert issubclass(p2p.ZmqTransport, ControlTransport)
+    assert issubclass(p2p.ZmqConnection, ControlConnection)
