@@ -148,9 +148,14 @@ def test_inbound_peer_restart_is_a_new_connection():
     a, a_id = node("ctl")
     b, b_id = node("ctl")
     try:
-        b.connect(a_id).send({"n": 1})
+        b_out = b.connect(a_id)
+        b_out.send({"n": 1})
         first = accept(a, [b])
         drain(first, [a])
+        # a's DEALER back to b is connected once b hears from it: only a connected link
+        # reports the disconnect that follows.
+        first.send({"ack": 1})
+        drain(b_out, [a, b])
         b.close()
         wait_for(lambda: a.poll() is not None and not first.alive)
         b = p2p.ZmqTransport(b_id, "127.0.0.1", int(b_id.rsplit(":", 1)[1]))

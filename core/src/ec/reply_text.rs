@@ -24,20 +24,25 @@ pub fn result_text(frame: &[u8]) -> Result<Result<Cow<'_, [u8]>, String>, WireEr
 }
 
 /// No `,` or `:` outside strings and brackets: `text` holds at most one top-level value.
+/// Strings (most of a reply) are skipped to their closing quote in one search each.
 fn is_one_value(text: &[u8]) -> bool {
-    let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
-    for &b in text {
-        if in_str {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut depth = 0usize;
+    let mut i = 0;
+    while let Some(&b) = text.get(i) {
         match b {
-            b'"' => in_str = true,
+            b'"' => {
+                i += 1;
+                loop {
+                    let Some(rest) = text.get(i..) else { return false };
+                    let Some(at) = rest.iter().position(|&c| c == b'"' || c == b'\\') else { return false };
+                    i += at;
+                    if text[i] == b'"' {
+                        break;
+                    }
+                    // An escape: skip the backslash and the byte it escapes.
+                    i += 2;
+                }
+            }
             b'{' | b'[' => depth += 1,
             b'}' | b']' => match depth.checked_sub(1) {
                 Some(d) => depth = d,
@@ -46,8 +51,9 @@ fn is_one_value(text: &[u8]) -> bool {
             b',' | b':' if depth == 0 => return false,
             _ => {}
         }
+        i += 1;
     }
-    depth == 0 && !in_str && !text.is_empty()
+    depth == 0 && !text.is_empty()
 }
 
 #[cfg(test)]
@@ -67,6 +73,11 @@ mod tests {
         assert_eq!(text(r#"{"ok": true, "result": {"a": 1}, "x": {"y": 2}}"#), Ok(r#"{"a": 1}"#.into()));
         assert_eq!(text(r#"{"ok": true, "result": "a,}\\"}"#), Ok(r#""a,}\\""#.into()));
         assert_eq!(text(r#"{"ok": true, "result": 1, "x": "}"}"#), Ok("1".into()));
+        assert_eq!(text(r#"{"ok": true, "result": "\\"}"#), Ok(r#""\\""#.into()));
+        assert!(is_one_value(br#"{"a": "x\"y", "b": [1, 2]}"#));
+        assert!(!is_one_value(br#""unterminated"#));
+        assert!(!is_one_value(br#""ends in escape\"#));
+        assert!(!is_one_value(b"1, 2"));
         assert!(result_text(b"[1]").is_err());
     }
 }
