@@ -565,7 +565,7 @@ impl Model {
         r.deadline = None;
     }
 
-    /// Spec 3.6.
+    /// ec-behaviour.md §3.6.
     fn expire(&mut self, now: u64) {
         let due: Vec<usize> = self
             .recs
@@ -736,7 +736,7 @@ impl Model {
         (true, true)
     }
 
-    /// Spec 3.5.
+    /// ec-behaviour.md §3.5.
     fn cancel(&mut self, tid: usize, rid: &str, abandon: bool, refresh: bool, now: u64) -> bool {
         let Some(r) = self.recs.get(&tid) else {
             self.recs.insert(tid, Rec::new(St::Cancelled, None));
