@@ -237,3 +237,142 @@ fn the_oracle_tables_list_exactly_the_oracles_the_simulator_fires() {
         assert!(documented.contains(name), "the simulator fires `{name}`, which docs/simulator.md does not list");
     }
 }
+
+/// The workspace's own text files: docs, README and the sources and tests of every crate.
+fn own_files() -> Vec<PathBuf> {
+    let mut out = vec![root().join("README.md")];
+    let mut stack: Vec<PathBuf> =
+        ["docs", "core", "sim", "zmq-backend", "tests", "fuzz/src", "fuzz/fuzz_targets", "scripts", ".ci"]
+            .iter()
+            .map(|d| root().join(d))
+            .collect();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| ["rs", "md", "py", "sh", "toml"].iter().any(|x| e == *x))
+                || path.ends_with(".ci/run")
+            {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Section numbers and races cited after each `ec-behaviour.md` / `p2p-behaviour.md`:
+/// (page, "§3.4" or "S24").
+fn citations(text: &str) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    for page in ["ec-behaviour.md", "p2p-behaviour.md"] {
+        for (at, _) in text.match_indices(page) {
+            let mut rest = &text[at + page.len()..];
+            loop {
+                let trimmed = rest.trim_start_matches([' ', ',', '/', '-', '–', ';']);
+                let trimmed = trimmed.strip_prefix("and ").unwrap_or(trimmed);
+                let (token, kind) = if let Some(r) = trimmed.strip_prefix('§') {
+                    (r, '§')
+                } else if let Some(r) = trimmed.strip_prefix('S') {
+                    (r, 'S')
+                } else if rest.trim_start().starts_with('-') && trimmed.starts_with(|c: char| c.is_ascii_digit()) {
+                    (trimmed, '§')
+                } else {
+                    break;
+                };
+                let len = token
+                    .char_indices()
+                    .take_while(|(i, c)| {
+                        c.is_ascii_digit() || (*c == '.' && token[i + 1..].starts_with(|d: char| d.is_ascii_digit()))
+                    })
+                    .count();
+                if len == 0 {
+                    break;
+                }
+                out.push((page, format!("{kind}{}", &token[..len])));
+                rest = &token[len..];
+            }
+        }
+    }
+    out
+}
+
+/// Whether `page` has the section or race `cited`: a heading `## 3.` / `### 3.4 ...`, or a
+/// race entry `**S24 ...`.
+fn page_has(page: &str, cited: &str) -> bool {
+    if let Some(n) = cited.strip_prefix('§') {
+        page.lines().any(|l| {
+            let title = l.trim_start_matches('#');
+            l.starts_with('#')
+                && (title.trim_start().starts_with(&format!("{n} "))
+                    || title.trim_start().starts_with(&format!("{n}. ")))
+        })
+    } else {
+        page.contains(&format!("**{cited} "))
+    }
+}
+
+#[test]
+fn every_cited_section_and_race_exists() {
+    let pages: Vec<(&str, String)> = ["ec-behaviour.md", "p2p-behaviour.md"]
+        .iter()
+        .map(|p| (*p, std::fs::read_to_string(root().join("docs").join(p)).unwrap()))
+        .collect();
+    let mut checked = 0;
+    for file in own_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (page, cited) in citations(&text) {
+            let body = &pages.iter().find(|(p, _)| *p == page).unwrap().1;
+            assert!(
+                page_has(body, &cited),
+                "{} cites {page} {cited}, which has no such section or race",
+                file.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 50, "only {checked} citations found");
+}
+
+#[test]
+fn citations_are_read_after_page_names() {
+    let cited = citations("(ec-behaviour.md §2.1-2.4, S1) and p2p-behaviour.md §1.7-1.10 and §5, S1-S4; x");
+    let want = [("ec-behaviour.md", "§2.1"), ("ec-behaviour.md", "§2.4"), ("ec-behaviour.md", "S1")];
+    assert_eq!(cited[..3], want.map(|(p, c)| (p, c.to_string())));
+    let p2p: Vec<String> = cited[3..].iter().map(|(_, c)| c.clone()).collect();
+    assert_eq!(p2p, ["§1.7", "§1.10", "§5", "S1", "S4"]);
+    assert!(page_has("## 3. Lifecycle\n### 3.4 `complete`\n- **S24 Ids**", "§3.4"));
+    assert!(page_has("## 3. Lifecycle", "§3"));
+    assert!(page_has("- **S24 Ids**", "S24"));
+    assert!(!page_has("### 3.4 x", "§3.5"));
+}
+
+#[test]
+fn nothing_cites_a_file_outside_the_repository() {
+    let outside = ["../shared", "/work/", "ec-control.md", "p2p-transport.md", "vllm-0.33-delta", "ARCHITECTURE.md"];
+    for file in own_files() {
+        if file.ends_with("sim/tests/docs_facts.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        for needle in outside {
+            assert!(!text.contains(needle), "{} mentions {needle}, which is outside the repository", file.display());
+        }
+        let cites = text.match_indices("spec ").chain(text.match_indices("Spec "));
+        for (i, _) in cites {
+            let before = text[..i].chars().last();
+            let after = &text[i + 5..];
+            let numbered = after.starts_with(|c: char| c.is_ascii_digit() || c == '§')
+                || (after.starts_with('S') && after[1..].starts_with(|c: char| c.is_ascii_digit()))
+                || ["p2p ", "P2P ", "ec ", "EC "].iter().any(|q| after.starts_with(q));
+            let word = before.is_none_or(|c| !c.is_alphanumeric());
+            assert!(
+                !(word && numbered),
+                "{} cites a spec section outside the repository near byte {i}",
+                file.display()
+            );
+        }
+    }
+}
