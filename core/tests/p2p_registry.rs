@@ -1,4 +1,4 @@
-//! The P2P connection registry: the transport-only races of spec 5 (S1-S4), each shown
+//! The P2P connection registry: the transport-only races of p2p-behaviour.md §5 (S1-S4), each shown
 //! with its T0 switch on (the bug) and off (the fix), plus poll ordering and framing.
 
 use ctlplane_core::p2p::value::{encode, Value};

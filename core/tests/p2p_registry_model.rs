@@ -1,9 +1,9 @@
-//! Model-based property test of the P2P `ConnectionRegistry` (spec 1.7-1.10 and 5, S1-S5).
+//! Model-based property test of the P2P `ConnectionRegistry` (p2p-behaviour.md §1.7-1.10 and §5, S1-S5).
 //!
 //! Random interleavings of `connect`, `mark_dead`, `close`, `send`, `recv`, `poll` (ROUTER
 //! messages from known peers, new peers and malformed senders, plus monitor events for
 //! current, stale and unknown connection ids) and `close_all` run against the registry
-//! and against a small model of the mainline (T1) transport written from the spec: a
+//! and against a small model of the mainline (T1) transport written from the behaviour reference: a
 //! registration-ordered list of peer -> {conn id, dead, closed, inbox}. The model predicts
 //! every return value, every socket action and the counters.
 //!

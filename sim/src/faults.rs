@@ -22,15 +22,15 @@ use thiserror::Error;
 
 use crate::topology::Topology;
 
-/// `ZMQ_HEARTBEAT_IVL` of the P2P sockets (spec p2p 1.4).
+/// `ZMQ_HEARTBEAT_IVL` of the P2P sockets (p2p-behaviour.md §1.4).
 pub const HEARTBEAT_IVL: Duration = Duration::from_millis(2_000);
 /// `ZMQ_HEARTBEAT_TIMEOUT` of the P2P sockets: a link silent this long after a PING drops.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(10_000);
-/// `control_timeout_s` of the EC clients (spec ec 9): a handler slower than this makes the
+/// `control_timeout_s` of the EC clients (ec-behaviour.md §9): a handler slower than this makes the
 /// client give up and discard its REQ socket.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a simulated P2P peer polls its transport when nothing arrives (one manager
-/// tick). Mainline polls once per engine scheduler step (spec 3.4: 0.45-0.6 s per hop on a
+/// tick). Mainline polls once per engine scheduler step (p2p-behaviour.md §3.4: 0.45-0.6 s per hop on a
 /// busy rank); 50 ms is a lightly loaded engine's step. A readable ROUTER wakes it sooner.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -148,11 +148,11 @@ pub enum FaultKind {
     /// old connection's teardown.
     ReconnectRace { host: String, peer: String, partition_ms: u64, gap_ms: u64 },
     /// `host`'s application receives `count` requests naming distinct P2P peers where
-    /// nothing listens (spec p2p S10): each opens a DEALER and a monitor that never see a
+    /// nothing listens (p2p-behaviour.md S10): each opens a DEALER and a monitor that never see a
     /// DISCONNECTED.
     PeerFlood { host: String, count: u32 },
     /// `peer`'s next request to `host` fails to send (its session dies between two manager
-    /// ticks, spec p2p S6), and `host` restarts the moment it does, so its replacement's
+    /// ticks, p2p-behaviour.md S6), and `host` restarts the moment it does, so its replacement's
     /// Connect reaches `peer` before `peer`'s next poll.
     ReplaceRace { host: String, peer: String },
 }

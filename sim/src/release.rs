@@ -1,8 +1,8 @@
 //! What the `reservation-released` oracle needs beyond a rank's book: which cancels each
 //! rank took, and which abandons each producer sent, so that a reservation left behind can
-//! be told apart from the leaks the spec documents.
+//! be told apart from the leaks the behaviour reference documents.
 //!
-//! Two properties of the spec (`ec-control.md` S10, S13, S16, section 3.5):
+//! Two properties of the behaviour reference (ec-behaviour.md S10, S13, S16, §3.5):
 //!
 //! - **Cancelled stays cancelled.** A cancel a rank took for a transfer it holds nothing
 //!   live for leaves a tombstone, and a later reserve of that transfer answers `cancelled`.
@@ -92,7 +92,7 @@ pub fn note_handled(host: &str, incarnation: u32, frame: &[u8], shard: &Shard) {
         }
         let Some(tid) = v.get("transfer_id").and_then(Value::as_str) else { return };
         // An abandon naming one reservation that leaves the record EXPIRED was rejected
-        // (spec 3.5 rules 1 and 8: that reservation was refreshed away or timed out) and
+        // (ec-behaviour.md §3.5 rules 1 and 8: that reservation was refreshed away or timed out) and
         // released nothing: the next reserve replaces the EXPIRED record by design (3.3
         // rule 3), e.g. a second push of the transfer re-reserving after its refresh.
         let named = v.get("reservation_id").and_then(Value::as_str).is_some_and(|r| !r.is_empty());

@@ -113,7 +113,7 @@ pub fn bias_of(scenario: &str) -> Bias {
 pub fn knobs_of(scenario: &str) -> Knobs {
     let mut k = Knobs::default();
     match scenario {
-        // A scheduler that gives up before the producer's control timeout (spec S15's
+        // A scheduler that gives up before the producer's control timeout (ec-behaviour.md S15's
         // deployment waited 20 s), so its cancel can overtake a reserve stuck behind one.
         "ec-s13" => k.push_wait_timeout = Some(S13_PUSH_WAIT),
         "ec-s11" => k = knobs_s11(),
@@ -177,7 +177,7 @@ fn knobs_s14() -> Knobs {
 }
 
 /// EC S12b: a proxy retries every encoder call on the other producer with the same
-/// transfer ids (spec S24) 0.1 to 0.5 s after the first, while both encoders are slow:
+/// transfer ids (ec-behaviour.md S24) 0.1 to 0.5 s after the first, while both encoders are slow:
 /// the first finishes 145 to 145.5 s after its push reserved (short of the 150 s refresh
 /// age, so it writes into its own reservation), the retried one 150 to 150.5 s after its
 /// own, so it refreshes the reservation it holds as a duplicate and re-reserves, always
@@ -214,7 +214,7 @@ fn knobs_s12b() -> Knobs {
 
 /// EC S11: the consumer gives up on an item while its write is still in flight. Writes
 /// take 3 to 8 s (a congested data plane: longer than the 2 s grace), encoders up to 25 s,
-/// and the scheduler waits 20 s (the production setting of spec S15), so many requests
+/// and the scheduler waits 20 s (the production setting of ec-behaviour.md S15), so many requests
 /// time out and cancel their items while the producer is writing them.
 fn knobs_s11() -> Knobs {
     let mut k = Knobs::default();

@@ -1,9 +1,9 @@
-//! Golden wire frames of the EC control channel (spec 2.1-2.4).
+//! Golden wire frames of the EC control channel (ec-behaviour.md §2.1-2.4).
 //!
 //! Requests are written byte for byte as pyzmq's `send_json` writes them (`json.dumps`
 //! defaults: `", "` and `": "` separators, `ensure_ascii=True`, so non-ASCII travels as
 //! `\uXXXX`, surrogate pairs above the BMP). Replies and events must be byte-identical to
-//! what the reference's `send_json` would write for its reply dict, keys in the spec's
+//! what the reference's `send_json` would write for its reply dict, keys in the behaviour reference's
 //! order. Every expectation below is written out by hand; only reservation ids (minted
 //! from the seeded RNG) are read back from the replies.
 //!
@@ -23,7 +23,7 @@ use std::time::Duration;
 type Shard = ConsumerShard<ChaCha8Rng>;
 
 const PORT: u16 = 19020;
-/// The slab base of the spec's example reply (`dst_ptr` of the first allocation).
+/// The slab base of the behaviour reference's example reply (`dst_ptr` of the first allocation).
 const BASE: u64 = 140213339553792;
 const SESSION: &str = "10.0.0.5:15417";
 
@@ -274,7 +274,7 @@ fn scenario_cancel(s: &mut Session) {
         r#"{"op": "reserve", "transfer_id": "t6", "mm_hash": "h6", "nbytes": 64, "shape": [32], "dtype": "float16"}"#,
         r#"{"ok": true, "result": {"reservation_id": "", "dst_session": "", "dst_ptr": 0, "nbytes": 64, "write": false, "ready": false, "cancelled": true}}"#,
     );
-    // The spec's example.
+    // The behaviour reference's example.
     s.expect(r#"{"op": "cancel", "transfer_id": "t1", "reservation_id": "r0", "abandon": true}"#, CANCELLED_TRUE);
 
     // Stale refresh: abandon + refresh expires the writer; the re-reserve gets a new id and

@@ -1,4 +1,4 @@
-//! Hostile input to the consumer control server (spec 2.2, 2.3, S1, S3).
+//! Hostile input to the consumer control server (ec-behaviour.md §2.2, §2.3, S1, S3).
 //!
 //! [`rows`] is a table: one request frame per row, the exact reply the Python reference
 //! gives it (control.py's dispatch plus the worker's coercions, `str(exc)` as error text),
@@ -13,7 +13,7 @@
 //! from it, and [`docs_table_matches_the_rows`] fails when the two drift apart. Regenerate
 //! with `CTLPLANE_BLESS_DOCS=1 cargo test -p ctlplane-tests --test ec_hostile_input`.
 //!
-//! Where the reference's text is unknown (its worker code is not part of the spec) or
+//! Where the reference's text is unknown (its worker code is not part of the behaviour reference) or
 //! ctlplane deliberately differs (docs/ec-behaviour.md), the row asserts ctlplane's text
 //! and its "reference" column says so.
 
@@ -181,7 +181,7 @@ enum Effect {
 /// Where the expected reply comes from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Source {
-    /// The reference: control.py (spec 2.2-2.3) and Python's `str(exc)`.
+    /// The reference: control.py (ec-behaviour.md §2.2-2.3) and Python's `str(exc)`.
     Reference,
     /// ctlplane's own answer where the reference's is unspecified or where ctlplane
     /// deliberately differs (docs/ec-behaviour.md); the text says what the reference does.
@@ -324,7 +324,7 @@ fn rows() -> Vec<Row> {
     let limit = DEFAULT_MAX_BATCH_ITEMS;
     let cmpl_false = r#"{"ok": true, "result": {"completed": false, "became_ready": false}}"#;
     let mut rows = vec![
-        // --- frames that do not decode (spec 2.2, S1) ---------------------------------
+        // --- frames that do not decode (ec-behaviour.md §2.2, S1) ---------------------------------
         malformed("invalid-utf8", &b"\xff\xfe{\"op\": \"peers\"}"[..]).shown("bytes `ff fe` + `{\"op\": \"peers\"}`"),
         malformed("truncated-utf8", &b"{\"op\": \"peers\xc3\"}"[..]).shown("`{\"op\": \"peers` + byte `c3` + `\"}`"),
         malformed("empty-frame", "").shown("empty frame (0 bytes)"),
@@ -439,7 +439,7 @@ fn rows() -> Vec<Row> {
             reserve_req(&[("dtype", r#""torch.float16""#)], &[]),
             "Unsupported torch dtype string: 'torch.float16'",
         )
-        .ctlplane("whether the reference's dtype parser accepts a `torch.` prefix is not in the spec"),
+        .ctlplane("whether the reference's dtype parser accepts a `torch.` prefix is not in the behaviour reference"),
         error(
             "reserve-dtype-dtype-mismatch",
             reserve_req(&[("dtype", r#""float32""#)], &[]),
@@ -860,10 +860,10 @@ fn batch_limit_is_the_configured_one_and_inclusive() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Spec deviations found in the core (these fail until the core is fixed; see the docs)
+// Deviations from the behaviour reference found in the core (these fail until the core is fixed; see the docs)
 // ---------------------------------------------------------------------------------------
 
-/// Spec 2.1: receivers `json.loads` the frame, which accepts a `\uXXXX` escape of a lone
+/// ec-behaviour.md §2.1: receivers `json.loads` the frame, which accepts a `\uXXXX` escape of a lone
 /// surrogate. The reference answers the status of that (absent) transfer; it does not call
 /// the frame malformed.
 #[test]
@@ -879,7 +879,7 @@ fn lone_surrogate_escapes_decode_like_json_loads() {
     );
 }
 
-/// Spec 2.1/2.3: `json.loads` reads any integer literal (up to 4300 digits) as a Python
+/// ec-behaviour.md §2.1/§2.3: `json.loads` reads any integer literal (up to 4300 digits) as a Python
 /// int, and ids go through `str()`, so transfer id `100000000000000000000` is the string
 /// of those 21 digits, not `'1e+20'`; an integer beyond the f64 range in an ignored field
 /// does not make the request malformed.
@@ -894,7 +894,7 @@ fn integers_beyond_u64_keep_their_digits() {
     assert_eq!(exchange(&mut s, peers.as_bytes()).as_deref(), Ok(PEERS_REPLY));
 }
 
-/// Spec 2.2: error texts are `str(exc)`, and `repr()` escapes characters Python does not
+/// ec-behaviour.md §2.2: error texts are `str(exc)`, and `repr()` escapes characters Python does not
 /// consider printable (here U+00A0 and U+2028) as `\xa0` / `\u2028`.
 #[test]
 fn error_text_repr_escapes_non_printable_characters_like_python() {
@@ -903,7 +903,7 @@ fn error_text_repr_escapes_non_printable_characters_like_python() {
     assert_eq!(exchange(&mut s, br#"{"op": "a\u2028b"}"#), Ok(err_reply(r"unknown control op: 'a\u2028b'")));
 }
 
-/// Spec 2.2/2.3: control.py indexes every `complete_batch` item with `item["transfer_id"]`,
+/// ec-behaviour.md §2.2/§2.3: control.py indexes every `complete_batch` item with `item["transfer_id"]`,
 /// so a list item fails with the text Python's list indexing raises. (A string item gives
 /// `string indices must be integers, not 'str'` on Python 3.11, without the `, not 'str'`
 /// on 3.10, so it is left out.)

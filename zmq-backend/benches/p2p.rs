@@ -3,7 +3,7 @@
 //!
 //! Senders: another `ZmqTransport` on its own thread (3 rounds, median reported), then the
 //! Python reference transport (`tests/interop/p2p_peer.py blast`) for the ratio, when the
-//! interop Python (`$CTLPLANE_PYTHON` or `.venv-interop`) is there.
+//! interop Python (`$CTLPLANE_PYTHON` or `.venv`) is there.
 //! `P2P_BENCH_N` sets the message count (default 200 000).
 //!
 //! Wall-clock rates depend on what else the machine runs (four busy threads: sender,
@@ -116,7 +116,7 @@ fn rust_round(n: usize) -> (f64, Option<Duration>, Option<Duration>) {
 fn python() -> Option<PathBuf> {
     let path = std::env::var_os("CTLPLANE_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv-interop/bin/python"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"));
     let ok = Command::new(&path).args(["-c", "import zmq, msgspec"]).status().is_ok_and(|s| s.success());
     ok.then_some(path)
 }

@@ -229,7 +229,7 @@ fn a_frozen_peer_is_detected_by_the_heartbeat() {
 /// Our DEALER's DISCONNECTED and our ROUTER's release of the dead peer's identity come
 /// from two different TCP links. Without `ROUTER_HANDOVER` (not set, as the reference) a
 /// newcomer that reuses the identity before the ROUTER let the old pipe go is refused and
-/// its first message is lost (spec S7, libzmq semantics, not the transport's ordering).
+/// its first message is lost (p2p-behaviour.md S7, libzmq semantics, not the transport's ordering).
 /// The test is about the transport's sweep ordering (S2), so it lets libzmq finish first.
 /// The ROUTER runs its half of a pipe's teardown only when it is called, so it is kept
 /// busy meanwhile: `wait` reads its events without polling the registry, which would

@@ -1,4 +1,4 @@
-//! The Mooncake data-plane boundary of an EC producer (spec 4).
+//! The Mooncake data-plane boundary of an EC producer (ec-behaviour.md §4).
 //!
 //! Tensor bytes never cross the control channel: a producer writes them straight into the
 //! consumer's registered receive slab at the `dst_ptr` its reservation granted. A driver

@@ -1,7 +1,7 @@
 //! `PushCoordinator`: the push side of one EC producer worker as a sans-IO machine.
 //!
 //! A push batch (the items one producer request sends to one consumer replica) goes
-//! through the reference worker's steps (spec 1.3, 2.3, 4, races S8-S20):
+//! through the reference worker's steps (ec-behaviour.md §1.3, §2.3, §4, races S8-S20):
 //!
 //! 1. **Discover** the consumer's TP shards with `peers` (cached on success, tried
 //!    [`DISCOVERY_ATTEMPTS`] times). An unconfirmed topology fails every item and sends no
@@ -27,7 +27,7 @@
 //! [`PushCoordinator::handle_reply`] (`Err` = timeout, transport failure or the error
 //! text of an `ok: false` reply), and performs each [`Transmit::Write`] through its
 //! [`super::dataplane::DataPlane`], answering with [`PushCoordinator::handle_write`]. The
-//! coordinator keeps no timers: request timeouts are the control client's (spec 5), and
+//! coordinator keeps no timers: request timeouts are the control client's (ec-behaviour.md §5), and
 //! the refresh decision uses the `now` of the input that makes the batch writable.
 
 use super::pyjson::{self, to_int, to_str, truthy};

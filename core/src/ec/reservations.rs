@@ -1,4 +1,4 @@
-//! The reservation book of one consumer shard (spec section 3).
+//! The reservation book of one consumer shard (ec-behaviour.md §3).
 //!
 //! It decides what `reserve`, `complete`, `cancel`, expiry, `take` and shutdown do to a
 //! transfer's reservation and to the slab behind it. The rule it never breaks: memory a
@@ -39,7 +39,7 @@ pub enum FollowerCompletion {
     #[default]
     Reject,
     /// Gen B (PR #58123): an idempotent no-op `(true, false)`, so one follower completion
-    /// cannot fail an unrelated batch (spec S15).
+    /// cannot fail an unrelated batch (ec-behaviour.md S15).
     AcceptNoop,
 }
 
@@ -352,7 +352,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Reserve rules 1-8 (spec 3.3), after the reap every reserve performs.
+    /// Reserve rules 1-8 (ec-behaviour.md §3.3), after the reap every reserve performs.
     pub fn reserve(&mut self, req: &ReserveRequest, now: Instant) -> Result<Reserved, ReserveError> {
         self.reserve_ref(req.as_ref(), now)
     }
@@ -511,7 +511,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Complete rules 1-8 (spec 3.4): `(accepted, became_ready)`.
+    /// Complete rules 1-8 (ec-behaviour.md §3.4): `(accepted, became_ready)`.
     pub fn complete(&mut self, transfer_id: &str, reservation_id: &str, now: Instant) -> (bool, bool) {
         let c = self.complete_with(transfer_id, reservation_id, now, |_| {});
         (c.completed, c.became_ready)
@@ -569,7 +569,7 @@ impl<R: RngCore> ReservationBook<R> {
         Completed { completed, became_ready, followers_ready }
     }
 
-    /// Complete rules 1-8 (spec 3.4), step by step.
+    /// Complete rules 1-8 (ec-behaviour.md §3.4), step by step.
     fn complete_general(&mut self, tid: &TransferId, reservation_id: &str, now: Instant) -> (bool, bool) {
         let Some(rec) = self.records.get(tid) else {
             return (false, false);
@@ -638,7 +638,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Cancel rules 1-9 (spec 3.5).
+    /// Cancel rules 1-9 (ec-behaviour.md §3.5).
     pub fn cancel(
         &mut self,
         transfer_id: &str,
@@ -727,7 +727,7 @@ impl<R: RngCore> ReservationBook<R> {
         true
     }
 
-    /// Expiry (spec 3.6): READY past its deadline expires, a WRITING follower is
+    /// Expiry (ec-behaviour.md §3.6): READY past its deadline expires, a WRITING follower is
     /// cancelled, a WRITING writer is deferred; then old tombstones go. Returns how many
     /// READY records expired. Before the earliest deadline it costs one comparison.
     pub fn expire(&mut self, now: Instant) -> usize {

@@ -1,4 +1,4 @@
-//! `ConnectionRegistry`: every decision of the P2P control transport (spec 1.7-1.10).
+//! `ConnectionRegistry`: every decision of the P2P control transport (p2p-behaviour.md §1.7-1.10).
 //!
 //! The driver owns one ROUTER, one DEALER plus one monitor PAIR per peer. It gathers what
 //! the sockets hold (ROUTER messages, at most one monitor event per connection) into a
@@ -8,7 +8,7 @@
 //! order, and which peers are new.
 //!
 //! The T0 lineage's behaviours are kept behind [`T0Switches`], off by default, so the
-//! simulator can re-find the races they caused (spec 5, S1-S4).
+//! simulator can re-find the races they caused (p2p-behaviour.md §5, S1-S4).
 
 use super::value::{self, Value};
 use std::collections::{BTreeMap, VecDeque};

@@ -36,7 +36,7 @@ pub const HEARTBEAT_TTL: Duration = Duration::from_millis(10_000);
 /// Requests a session may have unanswered before the peer stops sending it more.
 const MAX_OUTSTANDING: usize = 32;
 /// libzmq's default `ZMQ_MAX_SOCKETS` per context: creating one more socket fails with
-/// EMFILE (spec p2p S10, GHSA-frvg-qw88-hww9).
+/// EMFILE (p2p-behaviour.md S10, GHSA-frvg-qw88-hww9).
 pub const MAX_SOCKETS: usize = 1023;
 /// Sockets one connection holds: its DEALER, the monitor PAIR reading it and libzmq's
 /// own PAIR publishing the monitor events.
@@ -525,7 +525,7 @@ impl Peer {
     }
 
     /// A peer flood: `n` requests name distinct peers where nothing listens, each opening a
-    /// connection and a session that never handshakes (spec p2p S10).
+    /// connection and a session that never handshakes (p2p-behaviour.md S10).
     async fn flood(&mut self, n: u32, now: Instant) {
         trace::record(&self.name, "p2p.flood", &[("count", &n)]);
         for i in 0..n {
