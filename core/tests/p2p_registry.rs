@@ -249,3 +249,41 @@ fn a_failed_old_connection_does_not_kill_its_replacement() {
     assert!(r.mark_dead_conn(P, second));
     assert!(!r.is_alive(P));
 }
+
+// vLLM 0.33: bounded, non-blocking sends and more fatal monitor events.
+
+#[test]
+fn every_fatal_monitor_event_kills_and_others_are_ignored() {
+    use ctlplane_core::p2p::options::{EVENT_CLOSED, EVENT_HANDSHAKE_FAILED_AUTH, EVENT_HANDSHAKE_FAILED_NO_DETAIL};
+    for code in [0x0200, EVENT_CLOSED, EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0x2000, EVENT_HANDSHAKE_FAILED_AUTH] {
+        let mut r = registry(T0Switches::default());
+        let conn = r.connect(P).unwrap();
+        let event = MonitorEvent::from_code(code);
+        assert!(event.is_fatal(), "{code:#x}");
+        // Non-fatal events before it change nothing; the fatal one kills in this poll.
+        let monitor =
+            vec![(conn, MonitorEvent::from_code(0x0001)), (conn, MonitorEvent::from_code(0x1000)), (conn, event)];
+        r.poll(PollInput { router: vec![], monitor });
+        assert!(!r.is_registered(P), "{code:#x} retires the connection");
+    }
+    let mut r = registry(T0Switches::default());
+    let conn = r.connect(P).unwrap();
+    r.poll(PollInput { router: vec![], monitor: vec![(conn, MonitorEvent::from_code(0x0004))] });
+    assert!(r.is_alive(P), "a retried connect is not fatal");
+}
+
+#[test]
+fn a_full_queue_is_the_release_error_and_sends_never_block_unless_switched() {
+    use ctlplane_core::p2p::options::SendMode;
+    let mut r = registry(T0Switches::default());
+    assert_eq!(r.send_mode(), SendMode::NonBlocking);
+    let conn = r.connect(P).unwrap();
+    let error = r.queue_full(conn);
+    assert_eq!(error, TransportError::QueueFull { peer: P.into() });
+    assert_eq!(error.to_string(), format!("ZmqConnection: send queue to {P} is full"));
+    assert_eq!(r.stats().sends_refused_full, 1);
+    // The owning session decides the connection is dead; the registry keeps it until then.
+    assert!(r.is_alive(P));
+    let seed = registry(T0Switches { blocking_send_at_hwm: true, ..T0Switches::default() });
+    assert_eq!(seed.send_mode(), SendMode::BlockAtHwm);
+}

@@ -635,6 +635,7 @@ const ORACLES: &[&str] = &[
     "p2p-message-lost",
     "p2p-handshake-liveness",
     "sockets-bounded",
+    "p2p-progress",
     "req-lockstep",
     "push-settled",
 ];

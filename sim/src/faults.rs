@@ -155,6 +155,10 @@ pub enum FaultKind {
     /// ticks, p2p-behaviour.md S6), and `host` restarts the moment it does, so its replacement's
     /// Connect reaches `peer` before `peer`'s next poll.
     ReplaceRace { host: String, peer: String },
+    /// `host`'s P2P application stops reading (its manager does not poll) for `for_ms`
+    /// while its sockets stay up; each other peer's application sends it `burst` requests
+    /// at its next traffic turn, more than the DEALER high-water mark lets queue.
+    StopReading { host: String, for_ms: u64, burst: u32 },
 }
 
 impl FaultKind {
@@ -171,6 +175,7 @@ impl FaultKind {
             FaultKind::ReconnectRace { .. } => "reconnect_race",
             FaultKind::PeerFlood { .. } => "peer_flood",
             FaultKind::ReplaceRace { .. } => "replace_race",
+            FaultKind::StopReading { .. } => "stop_reading",
         }
     }
 
@@ -181,7 +186,8 @@ impl FaultKind {
             | FaultKind::OneWay { for_ms, .. }
             | FaultKind::Hold { for_ms, .. }
             | FaultKind::LongPartition { for_ms, .. }
-            | FaultKind::SlowHandler { for_ms, .. } => *for_ms,
+            | FaultKind::SlowHandler { for_ms, .. }
+            | FaultKind::StopReading { for_ms, .. } => *for_ms,
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
@@ -202,6 +208,7 @@ impl FaultKind {
             FaultKind::ReconnectRace { host, peer, .. } => vec![host, peer],
             FaultKind::PeerFlood { host, .. } => vec![host],
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
+            FaultKind::StopReading { host, .. } => vec![host],
         }
     }
 
@@ -230,6 +237,7 @@ impl FaultKind {
             FaultKind::PeerFlood { .. } => Vec::new(),
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
+            FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
         }
     }
 }
@@ -522,6 +530,10 @@ struct HostFaults {
     send_failures: BTreeMap<(String, String), usize>,
     /// Restarts a failed send asked for, by fault index: the driver plays them next step.
     bounces: Vec<(usize, String)>,
+    /// P2P hosts that stop reading, and until when.
+    stopped: BTreeMap<String, ctlplane_core::time::Instant>,
+    /// Per stopped host: the burst each other peer sends it, and who sent theirs already.
+    bursts: BTreeMap<String, (u32, BTreeSet<String>)>,
 }
 
 thread_local! {
@@ -580,6 +592,21 @@ pub fn take_send_failure(host: &str, to: &str) -> bool {
             }
             None => false,
         }
+    })
+}
+
+/// Until when `host`'s P2P application stops reading, if a stop-reading fault is on.
+pub fn stopped_until(host: &str) -> Option<ctlplane_core::time::Instant> {
+    HOST_FAULTS.with(|h| h.borrow().stopped.get(host).copied())
+}
+
+/// How many requests `from` must send to `to` in one go (`to` stopped reading), taken
+/// once per sender.
+pub fn take_burst(from: &str, to: &str) -> Option<u32> {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let (n, done) = h.bursts.get_mut(to)?;
+        done.insert(from.to_string()).then_some(*n)
     })
 }
 
@@ -645,6 +672,16 @@ enum Step {
         from: String,
         to: String,
     },
+    /// `host`'s P2P application stops reading until `until`; the others owe it a burst.
+    ReadOff {
+        host: String,
+        until: ctlplane_core::time::Instant,
+        burst: u32,
+    },
+    /// `host` reads again.
+    ReadOn {
+        host: String,
+    },
 }
 
 impl Step {
@@ -657,6 +694,7 @@ impl Step {
                 | Step::Release { .. }
                 | Step::Restart { .. }
                 | Step::SlowOff { .. }
+                | Step::ReadOn { .. }
         )
     }
 }
@@ -717,6 +755,11 @@ impl FaultDriver {
                 }
                 FaultKind::PeerFlood { host, count } => push(t, i, Step::Flood { host, count }),
                 FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
+                FaultKind::StopReading { host, for_ms, burst } => {
+                    let until = ctlplane_core::time::Instant::from_nanos((t + for_ms) * 1_000_000);
+                    push(t, i, Step::ReadOff { host: host.clone(), until, burst });
+                    push(t + for_ms, i, Step::ReadOn { host });
+                }
             }
         }
         // By time; at one instant heals before new faults, then plan order.
@@ -765,6 +808,8 @@ impl FaultDriver {
             h.floods.clear();
             h.send_failures.clear();
             h.bounces.clear();
+            h.stopped.clear();
+            h.bursts.clear();
         });
         crate::trace::record_at(now.as_nanos() as u64, "engine", "fault.heal_all", &[]);
     }
@@ -870,6 +915,22 @@ impl FaultDriver {
             Step::ArmSendFailure { from, to } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().send_failures.insert((from.clone(), to.clone()), index));
                 rec("arm_send_failure", &[("from", &from), ("to", &to)]);
+            }
+            Step::ReadOff { host, until, burst } => {
+                HOST_FAULTS.with(|h| {
+                    let mut h = h.borrow_mut();
+                    h.stopped.insert(host.clone(), until);
+                    h.bursts.insert(host.clone(), (burst, BTreeSet::new()));
+                });
+                rec("stop_reading", &[("host", &host), ("until", &until), ("burst", &burst)]);
+            }
+            Step::ReadOn { host } => {
+                HOST_FAULTS.with(|h| {
+                    let mut h = h.borrow_mut();
+                    h.stopped.remove(&host);
+                    h.bursts.remove(&host);
+                });
+                rec("read_again", &[("host", &host)]);
             }
         }
         crate::clock::note_activity();

@@ -67,6 +67,9 @@ pub enum Bias {
     SchedulerDiscovery,
     /// The producer's first `peers` reply lost (`ec-s8`).
     ProducerDiscovery,
+    /// A P2P peer stops reading for a while and the others send it more requests than
+    /// the DEALER high-water mark lets queue (`p2p-hwm`).
+    StopReading,
     /// Completions that fail fast on one rank while the other rank's are still in flight
     /// (`ec-s17`): replies from one rank lost for a while, and a burst of undecodable frames
     /// from the producer to the other rank at the same moment.
@@ -100,6 +103,7 @@ pub fn bias_of(scenario: &str) -> Bias {
         "p2p-s1" | "p2p-s4" => Bias::P2pProtocolError,
         "p2p-s2" | "p2p-s6" => Bias::ReplaceRace,
         "p2p-s10" => Bias::PeerFlood,
+        "p2p-hwm" => Bias::StopReading,
         "ec-s13" => Bias::LostRequests,
         "ec-s2" => Bias::ReapStall,
         "ec-s4" => Bias::EventsUndrained,
@@ -134,6 +138,9 @@ pub fn knobs_of(scenario: &str) -> Knobs {
     }
     k
 }
+
+/// P2P HWM: requests each peer sends a peer that stopped reading.
+const STOP_READING_BURST: u32 = 3_000;
 
 /// EC S17: the producer's REQ sockets per shard address.
 const EC_S17_SOCKETS: usize = 4;
@@ -252,11 +259,14 @@ pub fn resolve(name: &str) -> Option<Resolved> {
     })
 }
 
-/// The topology a race scenario runs on: [`RACE_TOPOLOGY`], or one with a second
-/// producer where the race needs two pushes of one transfer id.
+/// The topology a race scenario runs on: [`RACE_TOPOLOGY`], one with a second producer
+/// where the race needs two pushes of one transfer id, or `full` where it needs more than
+/// two P2P peers.
 fn topology_of(scenario: &str) -> &'static str {
     match scenario {
         "ec-s12b" => "small-2p",
+        // A stall shows on the sessions with the other peers: more than two peers.
+        "p2p-hwm" => "full",
         _ => RACE_TOPOLOGY,
     }
 }
@@ -367,6 +377,12 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
             Bias::PeerFlood => {
                 let Some(host) = pick(&mut rng, peers) else { return };
                 FaultKind::PeerFlood { host, count: rng.gen_range(360..=480) }
+            }
+            Bias::StopReading => {
+                let Some(host) = pick(&mut rng, peers) else { return };
+                // Shorter than the heartbeat timeout, so the stopped peer's links stay up;
+                // the burst is more than SNDHWM plus the peer's RCVHWM and the TCP credit.
+                FaultKind::StopReading { host, for_ms: rng.gen_range(4_000..=8_000), burst: STOP_READING_BURST }
             }
             Bias::SilentRestart => {
                 let Some(host) = pick(&mut rng, peers) else { return };

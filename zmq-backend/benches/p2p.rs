@@ -93,7 +93,7 @@ fn rust_round(n: usize) -> (f64, Option<Duration>, Option<Duration>) {
                 match tx.send(&rx_id, &msg) {
                     Ok(()) => break,
                     // The DEALER's queue is full: sleep until the receiver catches up.
-                    Err(P2pError::WouldBlock { .. }) => {
+                    Err(P2pError::QueueFull { .. }) => {
                         tx.wait_writable(&rx_id, Duration::from_millis(100)).expect("wait writable");
                     }
                     Err(e) => panic!("send failed: {e}"),
@@ -101,7 +101,7 @@ fn rust_round(n: usize) -> (f64, Option<Duration>, Option<Duration>) {
             }
         }
         let cpu = cpu_start.zip(cpu_time()).map(|(a, b)| b.saturating_sub(a));
-        // Closing drops unsent frames (linger 0): stay until everything arrived.
+        // Closing flushes for at most the DEALER linger: stay until everything arrived.
         let _ = done_rx.recv();
         tx.close();
         cpu

@@ -2,11 +2,13 @@
 //!
 //! [`value`] is the msgpack model Python's msgspec peers read back with the same types,
 //! [`messages`] the W1 session messages, [`registry`] the transport's connection map and
-//! poll ordering, [`session`] the W1 handshake over one connection, [`manager`] the
+//! poll ordering, [`options`] the socket options and the monitor events that end a
+//! connection, [`session`] the W1 handshake over one connection, [`manager`] the
 //! admission of a newly accepted peer.
 
 pub mod manager;
 pub mod messages;
+pub mod options;
 pub mod registry;
 pub mod session;
 pub mod value;

@@ -1,7 +1,7 @@
 //! `ConnectionRegistry`: every decision of the P2P control transport (p2p-behaviour.md §1.7-1.10).
 //!
 //! The driver owns one ROUTER, one DEALER plus one monitor PAIR per peer. It gathers what
-//! the sockets hold (ROUTER messages, at most one monitor event per connection) into a
+//! the sockets hold (ROUTER messages, each connection's monitor events up to its first fatal one) into a
 //! [`PollInput`] for [`ConnectionRegistry::poll`] (or lends them to
 //! [`ConnectionRegistry::poll_frames`]), and carries out the [`Action`]s the registry
 //! queues (open or close a DEALER and its monitor, transmit a frame). The registry decides who is registered, who is alive, what is swept, in which
@@ -10,6 +10,7 @@
 //! The T0 lineage's behaviours are kept behind [`T0Switches`], off by default, so the
 //! simulator can re-find the races they caused (p2p-behaviour.md §5, S1-S4).
 
+use super::options::{self, SendMode};
 use super::value::{self, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Deref;
@@ -35,6 +36,9 @@ pub struct T0Switches {
     pub monitor_without_seq: bool,
     /// S1: `connect` refuses any registered peer, dead or alive.
     pub connect_refuses_any: bool,
+    /// Blocking send at HWM: a send to a full DEALER waits for room (the seed), so one peer
+    /// that stops reading stalls the caller and every other session behind it.
+    pub blocking_send_at_hwm: bool,
 }
 
 /// Tunables of the registry.
@@ -72,13 +76,14 @@ pub enum Direction {
 /// Something for the driver to do with its sockets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Create a DEALER (heartbeat options, routing identity), start its monitor for
-    /// DISCONNECTED on `monitor`, connect a PAIR to it, then connect the DEALER to
-    /// `endpoint`.
+    /// Create a DEALER (heartbeat options, routing identity, `options::DEALER_SNDHWM`,
+    /// `options::DEALER_LINGER`), start its monitor for `options::MONITOR_EVENT_MASK` on
+    /// `monitor`, connect a PAIR to it, then connect the DEALER to `endpoint`.
     OpenDealer { conn: ConnId, peer: String, endpoint: String, identity: String, monitor: String },
     /// Close the monitor PAIR, then the DEALER.
     CloseDealer { conn: ConnId, peer: String },
-    /// Send one frame on the connection's DEALER.
+    /// Send one frame on the connection's DEALER, as [`ConnectionRegistry::send_mode`]
+    /// says; a refusal for a full queue is reported with [`ConnectionRegistry::queue_full`].
     Transmit { conn: ConnId, frame: Vec<u8> },
 }
 
@@ -87,8 +92,33 @@ pub enum Action {
 pub enum MonitorEvent {
     /// `ZMQ_EVENT_DISCONNECTED`: the DEALER's TCP link dropped (peer exit or heartbeat).
     Disconnected,
-    /// Anything else (not subscribed by the reference; ignored).
+    /// `ZMQ_EVENT_CLOSED`: a connect attempt's socket was closed (refused, unreachable).
+    Closed,
+    /// One of the `ZMQ_EVENT_HANDSHAKE_FAILED_*` events (its code): the ZMTP handshake
+    /// with the peer failed (protocol, security or a link lost during it).
+    HandshakeFailed(u16),
+    /// Anything else (not subscribed; ignored).
     Other(u16),
+}
+
+impl MonitorEvent {
+    /// The event of a libzmq event code.
+    pub fn from_code(code: u16) -> MonitorEvent {
+        match code {
+            options::EVENT_DISCONNECTED => MonitorEvent::Disconnected,
+            options::EVENT_CLOSED => MonitorEvent::Closed,
+            options::EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | options::EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | options::EVENT_HANDSHAKE_FAILED_AUTH => MonitorEvent::HandshakeFailed(code),
+            other => MonitorEvent::Other(other),
+        }
+    }
+
+    /// Whether the event ends the connection. A driver reads a connection's monitor until
+    /// it is empty or until the first fatal event, leaving the rest unread.
+    pub fn is_fatal(self) -> bool {
+        !matches!(self, MonitorEvent::Other(_))
+    }
 }
 
 /// What the sockets held at the start of one `poll`.
@@ -96,7 +126,8 @@ pub enum MonitorEvent {
 pub struct PollInput {
     /// ROUTER messages in arrival order, each as its frames.
     pub router: Vec<Vec<Vec<u8>>>,
-    /// At most one monitor event per connection.
+    /// Monitor events per connection, in the order read: each connection's events up to
+    /// and including its first fatal one.
     pub monitor: Vec<(ConnId, MonitorEvent)>,
 }
 
@@ -124,6 +155,10 @@ pub enum TransportError {
     /// The transport was closed.
     #[error("transport is closed")]
     Closed,
+    /// The DEALER already queues `options::DEALER_SNDHWM` messages for the peer: it stopped
+    /// reading. The owning session treats the connection as dead.
+    #[error("ZmqConnection: send queue to {peer} is full")]
+    QueueFull { peer: String },
 }
 
 #[derive(Clone, Debug)]
@@ -151,6 +186,8 @@ pub struct RegistryStats {
     pub messages_routed: u64,
     /// Messages thrown away inside connections swept with a non-empty inbox.
     pub messages_lost_in_sweep: u64,
+    /// Sends refused because the peer's queue was full.
+    pub sends_refused_full: u64,
 }
 
 /// The P2P transport's connection map and poll ordering.
@@ -264,6 +301,26 @@ impl ConnectionRegistry {
         let conn = c.id;
         self.actions.push_back(Action::Transmit { conn, frame });
         Ok(())
+    }
+
+    /// How drivers hand frames to a DEALER: never blocking, unless the seed's blocking send
+    /// is restored for a regression run.
+    pub fn send_mode(&self) -> SendMode {
+        if self.config.t0.blocking_send_at_hwm {
+            SendMode::BlockAtHwm
+        } else {
+            SendMode::NonBlocking
+        }
+    }
+
+    /// The driver found `conn`'s DEALER queue full: the error the caller gets. The
+    /// connection stays registered; its session decides it is dead (as the reference's
+    /// owning session does on `ConnectionError`).
+    pub fn queue_full(&mut self, conn: ConnId) -> TransportError {
+        self.stats.sends_refused_full += 1;
+        let peer = self.conns.iter().find(|(_, c)| c.id == conn).map(|(p, _)| p.clone()).unwrap_or_default();
+        tracing::warn!(%peer, "send queue full: the peer stopped reading");
+        TransportError::QueueFull { peer }
     }
 
     /// Whether `peer` has a registered, live connection.
@@ -481,13 +538,14 @@ impl ConnectionRegistry {
     }
 
     fn check_monitors(&mut self, events: &[(ConnId, MonitorEvent)]) {
+        // The first fatal event of a live connection kills it; the others find it dead.
         for &(conn, event) in events {
-            if event != MonitorEvent::Disconnected {
+            if !event.is_fatal() {
                 continue;
             }
             let peer = self.conns.iter().find(|(_, c)| c.id == conn && c.alive()).map(|(p, _)| p.clone());
             if let Some(peer) = peer {
-                tracing::info!(peer = %peer, "control connection disconnected");
+                tracing::info!(peer = %peer, ?event, "control connection lost");
                 self.mark_dead(&peer);
             }
         }

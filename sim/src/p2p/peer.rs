@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
 use ctlplane_core::p2p::messages::Message;
+use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::session::{DeathReason, HandshakeSession, SessionConfig, SessionEvent, HANDSHAKE_TIMEOUT};
 use ctlplane_core::p2p::{
     value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
@@ -43,6 +44,9 @@ pub const MAX_SOCKETS: usize = 1023;
 const SOCKETS_PER_CONNECTION: usize = 3;
 /// First port of the unreachable peers a peer flood names (nothing listens there).
 const FLOOD_PORT: u16 = PORT + 1;
+/// `p2p-progress`: the longest a manager tick may take. Nothing in a tick waits (every
+/// send is non-blocking), so a longer one blocked, and every session of the peer waited.
+pub const MAX_TICK: Duration = Duration::from_secs(1);
 
 /// Settings of every peer of a run beyond the T0 switches: the scenario's knobs and the
 /// manager's regression switch.
@@ -85,14 +89,17 @@ fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
+/// The ROUTER's options (`identity` `None`) or a DEALER's, with the core's high-water mark
+/// and linger.
 fn options(identity: Option<&str>) -> SocketOptions {
+    let linger = if identity.is_some() { DEALER_LINGER } else { ROUTER_LINGER };
     SocketOptions {
         heartbeat_ivl: Some(HEARTBEAT_IVL),
         heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
         heartbeat_ttl: Some(HEARTBEAT_TTL),
         routing_id: identity.map(|i| i.as_bytes().to_vec()),
-        // The production driver closes every DEALER with linger 0.
-        linger: Duration::ZERO,
+        sndhwm: usize::try_from(DEALER_SNDHWM).unwrap_or(1000),
+        linger,
         ..SocketOptions::default()
     }
 }
@@ -174,7 +181,22 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
     loop {
+        if let Some(until) = faults::stopped_until(&name) {
+            // The application stops reading; the sockets' I/O (heartbeats) goes on.
+            trace::record(&name, "p2p.stop_reading", &[("until", &until)]);
+            clock::sleep_until(until).await;
+        }
+        let started = clock::now();
         peer.tick().await;
+        let took = clock::now().saturating_duration_since(started);
+        if took > MAX_TICK {
+            let starved: Vec<&str> = peer.sessions.keys().map(String::as_str).collect();
+            oracle::violate(
+                "p2p-progress",
+                &name,
+                format!("one manager tick took {took:?}: sessions with {} made no progress", starved.join(", ")),
+            );
+        }
         if peer.fatal.is_some() {
             break;
         }
@@ -229,8 +251,8 @@ impl Peer {
         ledger::registered(&self.name, self.inc, &conns);
     }
 
-    /// Gathers the ROUTER's messages and one monitor event per live connection, lets the
-    /// registry decide, carries out its actions and sets up sessions for accepted peers.
+    /// Gathers the ROUTER's messages and each live connection's monitor events (up to its
+    /// first fatal one), lets the registry decide, carries out its actions and sets up sessions for accepted peers.
     async fn poll_transport(&mut self) -> Vec<String> {
         let before: BTreeMap<String, (ConnId, bool)> =
             self.registry.connections().into_iter().map(|(p, c, a)| (p, (c, a))).collect();
@@ -247,15 +269,13 @@ impl Peer {
         }
         for (_, conn, alive) in self.registry.connections() {
             let Some(d) = self.dealers.get(&conn).filter(|_| alive) else { continue };
-            if let Ok(msg) = d.pair.try_recv() {
-                if let Some((event, _, _)) = monitor::decode(&msg) {
-                    let ev = if event == monitor::DISCONNECTED {
-                        MonitorEvent::Disconnected
-                    } else {
-                        MonitorEvent::Other(event)
-                    };
-                    trace::record(&self.name, "p2p.monitor", &[("peer", &d.peer), ("conn", &conn), ("event", &event)]);
-                    input.monitor.push((conn, ev));
+            while let Ok(msg) = d.pair.try_recv() {
+                let Some((event, _, _)) = monitor::decode(&msg) else { continue };
+                let ev = MonitorEvent::from_code(event);
+                trace::record(&self.name, "p2p.monitor", &[("peer", &d.peer), ("conn", &conn), ("event", &event)]);
+                input.monitor.push((conn, ev));
+                if ev.is_fatal() {
+                    break;
                 }
             }
         }
@@ -544,6 +564,9 @@ impl Peer {
             if let Some(frame) = faults::take_malformed_to(&self.name, host_of(&peer), true) {
                 self.send_raw(&peer, frame);
             }
+            if let Some(n) = faults::take_burst(&self.name, host_of(&peer)) {
+                self.burst(&peer, n).await;
+            }
             if !self.rng.gen_bool(0.7) {
                 continue;
             }
@@ -573,6 +596,17 @@ impl Peer {
             }
             self.flush(&peer).await;
         }
+    }
+
+    /// `n` lookups to `peer` in one go, not waited for (the peer stopped reading).
+    async fn burst(&mut self, peer: &str, n: u32) {
+        let Some(s) = self.sessions.get_mut(peer).filter(|s| s.session.is_ready()) else { return };
+        trace::record(&self.name, "p2p.burst", &[("peer", &peer), ("count", &n)]);
+        for i in 0..n {
+            let kv = format!("{}.{}.burst{i}", self.name, self.inc);
+            let _ = s.session.send(Message::Lookup { kv_request_id: kv, keys: vec![vec![0]], round_seq: 0 });
+        }
+        self.flush(peer).await;
     }
 
     /// A frame straight onto `peer`'s DEALER, past the registry and the session (a
@@ -636,11 +670,17 @@ impl Peer {
                     }
                 }
                 Action::Transmit { conn, frame } => {
-                    let result = match self.dealers.get(&conn) {
-                        Some(d) => {
-                            d.dealer.try_send(vec![frame]).map_err(|e| format!("send to {} failed: {e}", d.peer))
+                    let result = match (self.dealers.get(&conn), self.registry.send_mode()) {
+                        (Some(d), SendMode::NonBlocking) => match d.dealer.try_send(vec![frame]) {
+                            Ok(()) => Ok(()),
+                            Err(ZmqError::Again) => Err(self.registry.queue_full(conn).to_string()),
+                            Err(e) => Err(format!("send to {} failed: {e}", d.peer)),
+                        },
+                        // The seed's send: this whole peer waits for room (race p2p-hwm).
+                        (Some(d), SendMode::BlockAtHwm) => {
+                            d.dealer.send(vec![frame]).await.map_err(|e| format!("send to {} failed: {e}", d.peer))
                         }
-                        None => Err(format!("no DEALER for connection {conn}")),
+                        (None, _) => Err(format!("no DEALER for connection {conn}")),
                     };
                     if let Err(e) = result {
                         first.get_or_insert(e);
@@ -651,8 +691,9 @@ impl Peer {
         first.map_or(Ok(()), Err)
     }
 
-    /// DEALER with the heartbeat options and our identity, monitored for DISCONNECTED,
-    /// the PAIR connected to the monitor, then the DEALER connected: the reference's order.
+    /// DEALER with the heartbeat options and our identity, monitored for the core's fatal
+    /// events, the PAIR connected to the monitor, then the DEALER connected: the
+    /// reference's order.
     async fn open_dealer(
         &self,
         endpoint: &str,
@@ -660,7 +701,7 @@ impl Peer {
         monitor_ep: &str,
     ) -> Result<(Socket, Socket), ZmqError> {
         let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(identity)));
-        dealer.monitor(monitor_ep, monitor::DISCONNECTED).await?;
+        dealer.monitor(monitor_ep, MONITOR_EVENT_MASK).await?;
         let pair = Socket::new(&self.ctx, SocketType::Pair, SocketOptions::default());
         pair.connect(monitor_ep)?;
         dealer.connect(endpoint)?;

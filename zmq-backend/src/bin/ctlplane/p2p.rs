@@ -50,13 +50,17 @@ impl Limits {
 #[derive(Subcommand)]
 enum Op {
     /// Answer every message with the same message on its sender's connection, until
-    /// SIGINT or SIGTERM; prints `ready` once bound and a line per message on stderr.
+    /// SIGINT or SIGTERM; prints `ready` once bound and a summary line per message on
+    /// stderr (its type and size, never the payload unless `--log-payload`).
     Echo {
         /// Host to bind and advertise (peers dial `host:port` back, verbatim).
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         #[arg(long)]
         port: u16,
+        /// Log each message in full (its display form) instead of a summary line.
+        #[arg(long)]
+        log_payload: bool,
         #[command(flatten)]
         limits: Limits,
     },
@@ -91,7 +95,7 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     match args.op {
-        Op::Echo { host, port, limits } => echo(&host, port, limits.options()?),
+        Op::Echo { host, port, log_payload, limits } => echo(&host, port, log_payload, limits.options()?),
         Op::Send { local, to, json, bin_fields, timeout_ms, display, limits } => {
             let msg = p2p_json::parse(&json, &bin_fields)?;
             send(&local, &to, &msg, Duration::from_millis(timeout_ms), display, limits.options()?)
@@ -99,7 +103,7 @@ pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     }
 }
 
-fn echo(host: &str, port: u16, options: TransportOptions) -> Result<ExitCode, Box<dyn Error>> {
+fn echo(host: &str, port: u16, log_payload: bool, options: TransportOptions) -> Result<ExitCode, Box<dyn Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::Release))?;
@@ -115,7 +119,7 @@ fn echo(host: &str, port: u16, options: TransportOptions) -> Result<ExitCode, Bo
         }
         for peer in transport.peers() {
             for msg in transport.recv(&peer) {
-                eprintln!("{peer}: {msg}");
+                log_message(&peer, &msg, log_payload);
                 if let Err(error) = transport.send(&peer, &msg) {
                     tracing::warn!(%peer, %error, "echo not sent");
                 }
@@ -125,6 +129,25 @@ fn echo(host: &str, port: u16, options: TransportOptions) -> Result<ExitCode, Bo
     tracing::info!("signal received; closing the P2P transport");
     transport.close();
     Ok(ExitCode::SUCCESS)
+}
+
+/// One stderr line per echoed message, formatted first and written with one call (stderr
+/// is unbuffered: formatting straight into it costs a write per piece, which for a
+/// binary payload is one per byte).
+fn log_message(peer: &str, msg: &ctlplane_core::p2p::Value, payload: bool) {
+    use ctlplane_core::p2p::Value;
+    let line = if payload {
+        format!("{peer}: {msg}\n")
+    } else {
+        let kind = match msg.get("type") {
+            Some(Value::Str(t)) => t.as_str(),
+            _ => msg.type_name(),
+        };
+        let bytes = ctlplane_core::p2p::value::encode(msg).len();
+        format!("{peer}: echoed {kind} message ({bytes} bytes)\n")
+    };
+    // A closed stderr must not stop the echo.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 fn send(
