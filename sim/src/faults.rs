@@ -155,6 +155,10 @@ pub enum FaultKind {
     /// ticks, spec p2p S6), and `host` restarts the moment it does, so its replacement's
     /// Connect reaches `peer` before `peer`'s next poll.
     ReplaceRace { host: String, peer: String },
+    /// `from` sends `to`'s P2P ROUTER one well-formed message over a connection of its own
+    /// whose routing identity is `claims` (`host:port`), an address of its choosing
+    /// (spec p2p S18).
+    ForgedIdentity { from: String, to: String, claims: String },
 }
 
 impl FaultKind {
@@ -171,6 +175,7 @@ impl FaultKind {
             FaultKind::ReconnectRace { .. } => "reconnect_race",
             FaultKind::PeerFlood { .. } => "peer_flood",
             FaultKind::ReplaceRace { .. } => "replace_race",
+            FaultKind::ForgedIdentity { .. } => "forged_identity",
         }
     }
 
@@ -185,7 +190,7 @@ impl FaultKind {
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
-            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } => 0,
+            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } => 0,
         }
     }
 
@@ -202,6 +207,7 @@ impl FaultKind {
             FaultKind::ReconnectRace { host, peer, .. } => vec![host, peer],
             FaultKind::PeerFlood { host, .. } => vec![host],
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
+            FaultKind::ForgedIdentity { from, to, .. } => vec![from, to],
         }
     }
 
@@ -227,7 +233,7 @@ impl FaultKind {
                 }
                 r
             }
-            FaultKind::PeerFlood { .. } => Vec::new(),
+            FaultKind::PeerFlood { .. } | FaultKind::ForgedIdentity { .. } => Vec::new(),
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
         }
@@ -517,6 +523,8 @@ struct HostFaults {
     malformed: BTreeMap<String, VecDeque<(String, Garbage)>>,
     /// Per P2P host: requests naming peers nobody listens for, still to arrive.
     floods: BTreeMap<String, u32>,
+    /// Per P2P host: `(to, claimed identity)` forged messages still to send.
+    forged: BTreeMap<String, Vec<(String, String)>>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
     /// index, whose receiver then restarts.
     send_failures: BTreeMap<(String, String), usize>,
@@ -565,6 +573,11 @@ pub fn take_malformed_to(host: &str, to: &str, msgpack: bool) -> Option<Vec<u8>>
 /// flood), taken once.
 pub fn take_flood(host: &str) -> Option<u32> {
     HOST_FAULTS.with(|h| h.borrow_mut().floods.remove(host))
+}
+
+/// The forged messages `host` must send now: `(to, claimed identity)` each, taken once.
+pub fn take_forged(host: &str) -> Vec<(String, String)> {
+    HOST_FAULTS.with(|h| h.borrow_mut().forged.remove(host).unwrap_or_default())
 }
 
 /// Whether `host`'s next request to `to` fails to send (a replace race); if so, `to`
@@ -639,6 +652,11 @@ enum Step {
     Flood {
         host: String,
         count: u32,
+    },
+    Forge {
+        from: String,
+        to: String,
+        claims: String,
     },
     /// Arms a failed send from `from` to `to`; `to` restarts when it happens.
     ArmSendFailure {
@@ -716,6 +734,7 @@ impl FaultDriver {
                     push(t + partition_ms + gap_ms, i, Step::Bounce { host });
                 }
                 FaultKind::PeerFlood { host, count } => push(t, i, Step::Flood { host, count }),
+                FaultKind::ForgedIdentity { from, to, claims } => push(t, i, Step::Forge { from, to, claims }),
                 FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
             }
         }
@@ -763,6 +782,7 @@ impl FaultDriver {
             let mut h = h.borrow_mut();
             h.malformed.clear();
             h.floods.clear();
+            h.forged.clear();
             h.send_failures.clear();
             h.bounces.clear();
         });
@@ -866,6 +886,12 @@ impl FaultDriver {
             Step::Flood { host, count } => {
                 HOST_FAULTS.with(|h| *h.borrow_mut().floods.entry(host.clone()).or_default() += count);
                 rec("flood", &[("host", &host), ("count", &count)]);
+            }
+            Step::Forge { from, to, claims } => {
+                HOST_FAULTS.with(|h| {
+                    h.borrow_mut().forged.entry(from.clone()).or_default().push((to.clone(), claims.clone()))
+                });
+                rec("forge", &[("from", &from), ("to", &to), ("claims", &claims)]);
             }
             Step::ArmSendFailure { from, to } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().send_failures.insert((from.clone(), to.clone()), index));

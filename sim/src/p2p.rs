@@ -13,6 +13,8 @@
 //!   ordered pair of peers has a ready session that answers requests ([`check_liveness`]).
 //! - `sockets-bounded`: a peer never needs more ZeroMQ sockets than libzmq's context allows
 //!   ([`MAX_SOCKETS`]; checked as each DEALER is opened).
+//! - `p2p-dial-non-peer`: no peer opens a connection to an address that is not a peer of
+//!   the world because an inbound message named it (checked as each DEALER is opened).
 
 mod ledger;
 mod peer;
