@@ -220,6 +220,12 @@ pub const RACES: &[Race] = &[
         switches: None,
         oracles: &["sockets-bounded", "p2p-handshake-liveness"],
     },
+    Race {
+        scenario: "p2p-s18",
+        title: "a forged identity makes a node dial an address of the sender's choosing",
+        switches: Some(|| with(|r| r.t0.trust_identity = true)),
+        oracles: &["p2p-dial-non-peer"],
+    },
 ];
 
 /// The race a scenario name replays.

@@ -159,6 +159,10 @@ pub enum FaultKind {
     /// while its sockets stay up; each other peer's application sends it `burst` requests
     /// at its next traffic turn, more than the DEALER high-water mark lets queue.
     StopReading { host: String, for_ms: u64, burst: u32 },
+    /// `from` sends `to`'s P2P ROUTER one well-formed message over a connection of its own
+    /// whose routing identity is `claims` (`host:port`), an address of its choosing
+    /// (spec p2p S18).
+    ForgedIdentity { from: String, to: String, claims: String },
 }
 
 impl FaultKind {
@@ -176,6 +180,7 @@ impl FaultKind {
             FaultKind::PeerFlood { .. } => "peer_flood",
             FaultKind::ReplaceRace { .. } => "replace_race",
             FaultKind::StopReading { .. } => "stop_reading",
+            FaultKind::ForgedIdentity { .. } => "forged_identity",
         }
     }
 
@@ -191,7 +196,7 @@ impl FaultKind {
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
-            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } => 0,
+            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } => 0,
         }
     }
 
@@ -209,6 +214,7 @@ impl FaultKind {
             FaultKind::PeerFlood { host, .. } => vec![host],
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
             FaultKind::StopReading { host, .. } => vec![host],
+            FaultKind::ForgedIdentity { from, to, .. } => vec![from, to],
         }
     }
 
@@ -234,7 +240,7 @@ impl FaultKind {
                 }
                 r
             }
-            FaultKind::PeerFlood { .. } => Vec::new(),
+            FaultKind::PeerFlood { .. } | FaultKind::ForgedIdentity { .. } => Vec::new(),
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
             FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
@@ -525,6 +531,8 @@ struct HostFaults {
     malformed: BTreeMap<String, VecDeque<(String, Garbage)>>,
     /// Per P2P host: requests naming peers nobody listens for, still to arrive.
     floods: BTreeMap<String, u32>,
+    /// Per P2P host: `(to, claimed identity)` forged messages still to send.
+    forged: BTreeMap<String, Vec<(String, String)>>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
     /// index, whose receiver then restarts.
     send_failures: BTreeMap<(String, String), usize>,
@@ -577,6 +585,11 @@ pub fn take_malformed_to(host: &str, to: &str, msgpack: bool) -> Option<Vec<u8>>
 /// flood), taken once.
 pub fn take_flood(host: &str) -> Option<u32> {
     HOST_FAULTS.with(|h| h.borrow_mut().floods.remove(host))
+}
+
+/// The forged messages `host` must send now: `(to, claimed identity)` each, taken once.
+pub fn take_forged(host: &str) -> Vec<(String, String)> {
+    HOST_FAULTS.with(|h| h.borrow_mut().forged.remove(host).unwrap_or_default())
 }
 
 /// Whether `host`'s next request to `to` fails to send (a replace race); if so, `to`
@@ -667,6 +680,11 @@ enum Step {
         host: String,
         count: u32,
     },
+    Forge {
+        from: String,
+        to: String,
+        claims: String,
+    },
     /// Arms a failed send from `from` to `to`; `to` restarts when it happens.
     ArmSendFailure {
         from: String,
@@ -754,6 +772,7 @@ impl FaultDriver {
                     push(t + partition_ms + gap_ms, i, Step::Bounce { host });
                 }
                 FaultKind::PeerFlood { host, count } => push(t, i, Step::Flood { host, count }),
+                FaultKind::ForgedIdentity { from, to, claims } => push(t, i, Step::Forge { from, to, claims }),
                 FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
                 FaultKind::StopReading { host, for_ms, burst } => {
                     let until = ctlplane_core::time::Instant::from_nanos((t + for_ms) * 1_000_000);
@@ -806,6 +825,7 @@ impl FaultDriver {
             let mut h = h.borrow_mut();
             h.malformed.clear();
             h.floods.clear();
+            h.forged.clear();
             h.send_failures.clear();
             h.bounces.clear();
             h.stopped.clear();
@@ -911,6 +931,12 @@ impl FaultDriver {
             Step::Flood { host, count } => {
                 HOST_FAULTS.with(|h| *h.borrow_mut().floods.entry(host.clone()).or_default() += count);
                 rec("flood", &[("host", &host), ("count", &count)]);
+            }
+            Step::Forge { from, to, claims } => {
+                HOST_FAULTS.with(|h| {
+                    h.borrow_mut().forged.entry(from.clone()).or_default().push((to.clone(), claims.clone()))
+                });
+                rec("forge", &[("from", &from), ("to", &to), ("claims", &claims)]);
             }
             Step::ArmSendFailure { from, to } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().send_failures.insert((from.clone(), to.clone()), index));

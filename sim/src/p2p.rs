@@ -15,6 +15,8 @@
 //!   ([`MAX_SOCKETS`]; checked as each DEALER is opened).
 //! - `p2p-progress`: a peer's manager tick never takes longer than [`MAX_TICK`]: sends never
 //!   wait, so a longer tick blocked and starved every other session (race `p2p-hwm`).
+//! - `p2p-dial-non-peer`: no peer opens a connection to an address that is not a peer of
+//!   the world because an inbound message named it (checked as each DEALER is opened).
 
 mod ledger;
 mod peer;

@@ -52,6 +52,9 @@ pub enum Bias {
     ReplaceRace,
     /// A P2P peer's application names hundreds of peers where nothing listens.
     PeerFlood,
+    /// A P2P peer sends another one message whose routing identity names some other host
+    /// of the world (`FaultKind::ForgedIdentity`).
+    ForgedIdentity,
     /// A P2P peer restarts while partitioned from the other (its FIN is lost), and the
     /// partition heals within the heartbeat timeout: the other side's ROUTER still holds
     /// the old incarnation's identity when the new one connects.
@@ -104,6 +107,7 @@ pub fn bias_of(scenario: &str) -> Bias {
         "p2p-s2" | "p2p-s6" => Bias::ReplaceRace,
         "p2p-s10" => Bias::PeerFlood,
         "p2p-hwm" => Bias::StopReading,
+        "p2p-s18" => Bias::ForgedIdentity,
         "ec-s13" => Bias::LostRequests,
         "ec-s2" => Bias::ReapStall,
         "ec-s4" => Bias::EventsUndrained,
@@ -141,6 +145,8 @@ pub fn knobs_of(scenario: &str) -> Knobs {
 
 /// P2P HWM: requests each peer sends a peer that stopped reading.
 const STOP_READING_BURST: u32 = 3_000;
+/// P2P S18: the port a forged identity names (nothing listens there).
+const FORGED_PORT: u16 = 22;
 
 /// EC S17: the producer's REQ sockets per shard address.
 const EC_S17_SOCKETS: usize = 4;
@@ -383,6 +389,14 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
                 // Shorter than the heartbeat timeout, so the stopped peer's links stay up;
                 // the burst is more than SNDHWM plus the peer's RCVHWM and the TCP credit.
                 FaultKind::StopReading { host, for_ms: rng.gen_range(4_000..=8_000), burst: STOP_READING_BURST }
+            }
+            Bias::ForgedIdentity => {
+                let Some(from) = pick(&mut rng, peers) else { return };
+                let others: Vec<String> = peers.iter().filter(|p| **p != from).cloned().collect();
+                let Some(to) = pick(&mut rng, &others) else { return };
+                let targets: Vec<String> = topo.hosts().into_iter().filter(|h| *h != from).collect();
+                let Some(target) = pick(&mut rng, &targets) else { return };
+                FaultKind::ForgedIdentity { from, to, claims: format!("{target}:{FORGED_PORT}") }
             }
             Bias::SilentRestart => {
                 let Some(host) = pick(&mut rng, peers) else { return };

@@ -136,7 +136,7 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
             (None, None) => return None,
         },
         FaultKind::PeerFlood { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
-        FaultKind::ReplaceRace { .. } => return None,
+        FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } => return None,
     }
     Some(k)
 }

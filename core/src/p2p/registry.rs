@@ -11,8 +11,9 @@
 //! simulator can re-find the races they caused (p2p-behaviour.md §5, S1-S4).
 
 use super::options::{self, SendMode};
+use super::peer_check::PeerCheck;
 use super::value::{self, Value};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Deref;
 use thiserror::Error;
 
@@ -21,6 +22,10 @@ pub const MAX_CONTROL_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Largest encoding buffer `send` keeps between calls.
 const KEPT_SCRATCH_BYTES: usize = 64 * 1024;
+
+/// Refused identities remembered so each is warned about once; past this many, further
+/// ones are only counted (a sender inventing identities must not grow the set).
+const MAX_REFUSED_WARNED: usize = 1024;
 
 /// Handle of one opened connection (its DEALER and monitor); never reused.
 pub type ConnId = u64;
@@ -39,6 +44,9 @@ pub struct T0Switches {
     /// Blocking send at HWM: a send to a full DEALER waits for room (the seed), so one peer
     /// that stops reading stalls the caller and every other session behind it.
     pub blocking_send_at_hwm: bool,
+    /// S18: an inbound identity is trusted as the address to dial back, whatever the
+    /// connection's source (the peer check is skipped).
+    pub trust_identity: bool,
 }
 
 /// Tunables of the registry.
@@ -50,17 +58,20 @@ pub struct RegistryConfig {
     pub max_peers: Option<usize>,
     /// Largest inbound or outbound payload (T2); `None` = unbounded (T1).
     pub max_message_bytes: Option<usize>,
+    /// Which inbound identities may be dialled back (strict by default).
+    pub peer_check: PeerCheck,
     /// Regression switches.
     pub t0: T0Switches,
 }
 
 impl RegistryConfig {
-    /// Mainline (T1) behaviour for `local_id`.
+    /// Mainline (T1) behaviour for `local_id`, with the strict peer check.
     pub fn new(local_id: impl Into<String>) -> Self {
         RegistryConfig {
             local_id: local_id.into(),
             max_peers: None,
             max_message_bytes: None,
+            peer_check: PeerCheck::default(),
             t0: T0Switches::default(),
         }
     }
@@ -126,6 +137,9 @@ impl MonitorEvent {
 pub struct PollInput {
     /// ROUTER messages in arrival order, each as its frames.
     pub router: Vec<Vec<Vec<u8>>>,
+    /// The source address of `router[i]`'s connection (libzmq's `Peer-Address`); a
+    /// missing entry or `None` is unknown.
+    pub sources: Vec<Option<String>>,
     /// Monitor events per connection, in the order read: each connection's events up to
     /// and including its first fatal one.
     pub monitor: Vec<(ConnId, MonitorEvent)>,
@@ -184,6 +198,8 @@ pub struct RegistryStats {
     pub dealers_closed: u64,
     pub frames_dropped: u64,
     pub messages_routed: u64,
+    /// ROUTER messages dropped because the peer check refused their sender.
+    pub messages_refused: u64,
     /// Messages thrown away inside connections swept with a non-empty inbox.
     pub messages_lost_in_sweep: u64,
     /// Sends refused because the peer's queue was full.
@@ -203,6 +219,8 @@ pub struct ConnectionRegistry {
     closed: bool,
     /// Encoding buffer of `send`, kept between calls.
     scratch: Vec<u8>,
+    /// Identities already warned about as refused.
+    refused_warned: BTreeSet<String>,
 }
 
 impl ConnectionRegistry {
@@ -217,6 +235,7 @@ impl ConnectionRegistry {
             stats: RegistryStats::default(),
             closed: false,
             scratch: Vec::new(),
+            refused_warned: BTreeSet::new(),
         }
     }
 
@@ -365,16 +384,18 @@ impl ConnectionRegistry {
     /// first keeps a reconnecting peer's first message out of a dead registration (S2);
     /// sweeping again before accept retires peers that died in this poll.
     pub fn poll(&mut self, input: PollInput) -> Vec<String> {
-        self.poll_frames(input.router.iter().map(Vec::as_slice), &input.monitor)
+        let sources = input.sources.iter().map(Option::as_deref).chain(std::iter::repeat(None));
+        self.poll_frames(input.router.iter().map(Vec::as_slice).zip(sources), &input.monitor)
     }
 
     /// [`Self::poll`] over ROUTER messages whose frames the driver still holds (libzmq's
-    /// own messages, for one). The same decisions in the same order; only what a
-    /// connection keeps (the decoded message, the id of a new peer) is copied out, so
-    /// routing a message allocates nothing before decode.
+    /// own messages, for one), each with its connection's source address. The same
+    /// decisions in the same order; only what a connection keeps (the decoded message, the
+    /// id of a new peer) is copied out, so routing a message allocates nothing before
+    /// decode.
     pub fn poll_frames<'f, F>(
         &mut self,
-        router: impl IntoIterator<Item = &'f [F]>,
+        router: impl IntoIterator<Item = (&'f [F], Option<&'f str>)>,
         monitor: &[(ConnId, MonitorEvent)],
     ) -> Vec<String>
     where
@@ -481,15 +502,19 @@ impl ConnectionRegistry {
         }
     }
 
-    /// Routes ROUTER messages into registered connections; the rest wait for accept.
-    fn route<'f, F>(&mut self, messages: impl IntoIterator<Item = &'f [F]>) -> Vec<(String, Value)>
+    /// Routes ROUTER messages into registered connections; the rest wait for accept. A
+    /// message whose identity the peer check refuses is dropped, whether or not its
+    /// identity is registered: it came from somewhere else than the peer it names.
+    fn route<'f, F>(&mut self, messages: impl IntoIterator<Item = (&'f [F], Option<&'f str>)>) -> Vec<(String, Value)>
     where
         F: Deref<Target = [u8]> + 'f,
     {
         let mut pending = Vec::new();
         // The identity last checked for UTF-8: a drain is mostly runs of one sender.
         let mut last: Option<(&'f [u8], &'f str)> = None;
-        for frames in messages {
+        // The (identity, source) last admitted, for the same reason.
+        let mut last_admitted: Option<(&'f str, Option<&'f str>)> = None;
+        for (frames, source) in messages {
             let [identity, payload] = frames else {
                 self.stats.frames_dropped += 1;
                 tracing::warn!("dropping message with {} frames (expected 2)", frames.len());
@@ -510,6 +535,12 @@ impl ConnectionRegistry {
                     }
                 },
             };
+            if last_admitted != Some((sender, source)) {
+                if !self.admits(sender, source) {
+                    continue;
+                }
+                last_admitted = Some((sender, source));
+            }
             let payload: &[u8] = payload;
             if let Some(limit) = self.config.max_message_bytes {
                 if payload.len() > limit {
@@ -535,6 +566,29 @@ impl ConnectionRegistry {
             }
         }
         pending
+    }
+
+    /// The peer check for one message; a refusal is counted and warned about once per
+    /// identity.
+    fn admits(&mut self, sender: &str, source: Option<&str>) -> bool {
+        if self.config.t0.trust_identity {
+            return true;
+        }
+        let Err(refusal) = self.config.peer_check.admit(sender, source) else { return true };
+        self.stats.messages_refused += 1;
+        let source = source.unwrap_or("unknown");
+        if self.refused_warned.contains(sender) {
+            tracing::debug!(peer = %sender, %source, %refusal, "dropping message from a refused peer");
+        } else if self.refused_warned.len() < MAX_REFUSED_WARNED {
+            self.refused_warned.insert(sender.to_string());
+            tracing::warn!(peer = %sender, %source, %refusal, "refusing inbound peer: it will not be dialled back");
+            if self.refused_warned.len() == MAX_REFUSED_WARNED {
+                tracing::warn!("{MAX_REFUSED_WARNED} inbound identities refused; further ones are only counted");
+            }
+        } else {
+            tracing::debug!(peer = %sender, %source, %refusal, "refusing inbound peer");
+        }
+        false
     }
 
     fn check_monitors(&mut self, events: &[(ConnId, MonitorEvent)]) {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
 use ctlplane_core::p2p::messages::Message;
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
+use ctlplane_core::p2p::registry::Direction;
 use ctlplane_core::p2p::session::{DeathReason, HandshakeSession, SessionConfig, SessionEvent, HANDSHAKE_TIMEOUT};
 use ctlplane_core::p2p::{
     value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
@@ -141,6 +142,8 @@ struct Peer {
     settings: PeerSettings,
     /// The topology's peers (a flood's unreachable peers are not reconnected).
     known: BTreeSet<String>,
+    /// DEALERs a forged-identity fault opened from this host (kept open, as an attacker's).
+    forged: Vec<Socket>,
     /// An error escaped into the engine loop: the mainline manager has no error boundary
     /// around the transport (the one of PR #51504 comes with `max_peers`), so EngineCore dies.
     fatal: Option<String>,
@@ -177,6 +180,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         rng,
         settings: cfg.settings,
         known,
+        forged: Vec::new(),
         fatal: None,
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
@@ -239,6 +243,9 @@ impl Peer {
         if let Some(n) = faults::take_flood(&self.name) {
             self.flood(n, now).await;
         }
+        for (to, claims) in faults::take_forged(&self.name) {
+            self.forge(&to, &claims);
+        }
         if self.fatal.is_some() {
             return;
         }
@@ -258,8 +265,13 @@ impl Peer {
             self.registry.connections().into_iter().map(|(p, c, a)| (p, (c, a))).collect();
         let mut input = PollInput::default();
         loop {
-            match self.router.try_recv() {
-                Ok(frames) => input.router.push(frames),
+            match self.router.try_recv_with_peer() {
+                Ok((frames, source)) => {
+                    input.router.push(frames);
+                    // Peer ids here are host names, so the source is reported by the name
+                    // of the host that has the address.
+                    input.sources.push(source.and_then(turmoil::reverse_lookup));
+                }
                 Err(ZmqError::Again) => break,
                 Err(e) => {
                     trace::record(&self.name, "p2p.router_error", &[("error", &e)]);
@@ -291,7 +303,12 @@ impl Peer {
                 }
             }
         }
+        let refused_before = self.registry.stats().messages_refused;
         let accepted = self.registry.poll(input);
+        let refused = self.registry.stats().messages_refused - refused_before;
+        if refused > 0 {
+            trace::record(&self.name, "p2p.refused", &[("messages", &refused)]);
+        }
         // A poll queues opens and closes only; a failed open retires its connection itself.
         let _ = self.carry_out().await;
         for (id, (old, n)) in reconnecting {
@@ -557,6 +574,20 @@ impl Peer {
         }
     }
 
+    /// A forged-identity fault: one well-formed message to `to`'s ROUTER from a DEALER of
+    /// our own whose routing identity claims to be `claims`.
+    fn forge(&mut self, to: &str, claims: &str) {
+        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(claims)));
+        let connected = dealer.connect(&format!("tcp://{to}:{PORT}"));
+        let frame = value::encode(&value::Value::map([
+            ("type", value::Value::from("connect")),
+            ("peer_id", value::Value::from(claims)),
+        ]));
+        let sent = connected.and_then(|()| dealer.try_send(vec![frame]));
+        trace::record(&self.name, "p2p.forged_sent", &[("to", &to), ("claims", &claims), ("ok", &sent.is_ok())]);
+        self.forged.push(dealer);
+    }
+
     /// Seeded requests to some of the peers, and any malformed frames a fault asks for.
     async fn traffic(&mut self) {
         let peers: Vec<String> = self.sessions.keys().cloned().collect();
@@ -629,6 +660,13 @@ impl Peer {
         while let Some(action) = self.registry.poll_action() {
             match action {
                 Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
+                    if self.registry.direction(&peer) == Some(Direction::Inbound) && !self.known.contains(&peer) {
+                        oracle::violate(
+                            "p2p-dial-non-peer",
+                            &self.name,
+                            format!("an inbound message made this node dial {endpoint}, which is not a peer"),
+                        );
+                    }
                     let sockets = 1 + SOCKETS_PER_CONNECTION * (self.dealers.len() + 1);
                     ledger::sockets_needed(&self.name, self.inc, sockets, MAX_SOCKETS);
                     let opened = if sockets > MAX_SOCKETS {

@@ -239,6 +239,12 @@ impl Socket {
         self.inner.borrow_mut().try_recv()
     }
 
+    /// `try_recv` on a ROUTER, with the message's `Peer-Address` (its connection's
+    /// source address).
+    pub fn try_recv_with_peer(&self) -> Result<(Multipart, Option<std::net::IpAddr>), ZmqError> {
+        self.inner.borrow_mut().try_recv_with_peer()
+    }
+
     /// Blocks (in simulated time) until a message arrives.
     pub async fn recv(&self) -> Result<Multipart, ZmqError> {
         loop {

@@ -101,6 +101,7 @@ impl ZmqTransport {
         let mut config = RegistryConfig::new(format!("{host}:{port}"));
         config.max_peers = options.max_peers;
         config.max_message_bytes = options.max_message_bytes;
+        config.peer_check = options.peer_check.clone();
         config.t0 = options.t0;
         tracing::info!(local_id = %config.local_id, "P2P ROUTER bound on {endpoint}");
         Ok(ZmqTransport {

@@ -5,6 +5,7 @@ use crate::p2p_json;
 use crate::security::PeerCurve;
 use clap::{Args, Subcommand};
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
+use ctlplane_core::p2p::{AllowEntry, PeerCheck, PeerCheckMode};
 use ctlplane_zmq::{TransportOptions, ZmqTransport};
 use std::error::Error;
 use std::io::Write;
@@ -32,6 +33,17 @@ struct Limits {
     /// its connection, a bigger outbound one is refused. 0 = unbounded (T1).
     #[arg(long, default_value_t = MAX_CONTROL_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    /// Which inbound peers are dialled back (docs/peer-admission.md). strict: a peer's
+    /// identity must name the host its connection comes from (or be allowlisted);
+    /// allowlist: only allowlisted identities; off: every identity, as the reference
+    /// (only for trusted networks that rewrite source addresses).
+    #[arg(long, default_value_t = PeerCheckMode::Strict)]
+    peer_check: PeerCheckMode,
+    /// An identity (`host:port`) or network (`10.1.0.0/16`) this node may dial back
+    /// whatever address the peer's connection comes from (NAT, multi-homed peers).
+    /// Repeatable.
+    #[arg(long = "peer-allow")]
+    peer_allow: Vec<AllowEntry>,
     #[command(flatten)]
     curve: PeerCurve,
 }
@@ -42,6 +54,7 @@ impl Limits {
             curve: self.curve.peer()?,
             max_peers: (self.max_peers > 0).then_some(self.max_peers),
             max_message_bytes: (self.max_message_bytes > 0).then_some(self.max_message_bytes),
+            peer_check: PeerCheck { mode: self.peer_check, allow: self.peer_allow.clone() },
             ..TransportOptions::default()
         })
     }
@@ -126,7 +139,8 @@ fn echo(host: &str, port: u16, log_payload: bool, options: TransportOptions) -> 
             }
         }
     }
-    tracing::info!("signal received; closing the P2P transport");
+    let refused = transport.stats().messages_refused;
+    tracing::info!(refused, "signal received; closing the P2P transport");
     transport.close();
     Ok(ExitCode::SUCCESS)
 }
