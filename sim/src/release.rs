@@ -133,7 +133,7 @@ pub fn never_abandoned(host: &str, tid: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ctlplane_core::ec::producer::{cancel_request, reserve_batch_request, reserve_request, PushItem};
+    use ctlplane_core::ec::producer::{make_cancel_request, reserve_batch_request, reserve_request, PushItem};
 
     fn item(t: &str) -> PushItem {
         PushItem { transfer_id: t.into(), mm_hash: "h".into(), nbytes: 16, shape: vec![2, 4], dtype: "float16".into() }
@@ -147,12 +147,12 @@ mod tests {
         assert_eq!(reserved_ids(&op, &v), vec!["a".to_string()]);
         let (op, v) = decode(&reserve_batch_request([&item("a"), &item("b")])).expect("a batch");
         assert_eq!(reserved_ids(&op, &v), vec!["a".to_string(), "b".to_string()]);
-        let abandon = cancel_request("a", "", true, false);
+        let abandon = make_cancel_request("a", "", true, false);
         assert!(abandon.windows(9).any(|w| w == b"\"abandon\""));
         let (op, v) = decode(&abandon).expect("a cancel");
         assert_eq!(op, "cancel");
         assert!(flag(&v, "abandon") && !flag(&v, "refresh"));
-        let (_, plain) = decode(&cancel_request("a", "", false, false)).expect("a cancel");
+        let (_, plain) = decode(&make_cancel_request("a", "", false, false)).expect("a cancel");
         assert!(!flag(&plain, "abandon"));
         assert!(reserved_ids("cancel", &plain).is_empty());
         assert!(decode(b"{not json").is_none());

@@ -108,6 +108,11 @@ impl DataPlane for InProcessDataPlane {
             return Err(DataPlaneError::Status { session: session.to_string(), status });
         }
         let len = src.len() as u64;
+        if len == 0 {
+            // An empty tensor (null `dst_ptr`): nothing to copy.
+            self.log.push(WriteRecord { session: session.to_string(), dst_ptr, len });
+            return Ok(());
+        }
         let end = reg.base.saturating_add(reg.bytes.len() as u64);
         let range = dst_ptr
             .checked_sub(reg.base)

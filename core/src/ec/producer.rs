@@ -288,10 +288,8 @@ pub fn complete_batch_request<'a>(items: impl IntoIterator<Item = (&'a str, &'a 
 }
 
 /// `{"op": "cancel", "transfer_id": .., "reservation_id": ..}` plus `abandon`/`refresh`
-/// only when true, as the reference helper writes it.
-pub fn cancel_request(transfer_id: &str, reservation_id: &str, abandon: bool, refresh: bool) -> Vec<u8> {
-    super::requests::cancel(transfer_id, reservation_id, abandon, refresh)
-}
+/// only when true: 0.33's `make_cancel_request` (the encoder of [`super::requests`]).
+pub use super::requests::make_cancel_request;
 
 // ---------------------------------------------------------------------------------------
 // Reply parsing
@@ -512,7 +510,7 @@ impl Batch {
     fn cancel(&mut self, item: usize, shard: usize, reservation_id: String, purpose: Purpose, attempt: u32) {
         let Some(addr) = self.shards.get(shard).cloned() else { return };
         let Some(entry) = self.items.get(item) else { return };
-        let frame = cancel_request(&entry.spec.transfer_id, &reservation_id, true, purpose == Purpose::Refresh);
+        let frame = make_cancel_request(&entry.spec.transfer_id, &reservation_id, true, purpose == Purpose::Refresh);
         let op = CancelOp { shard, item, reservation_id, purpose, attempt };
         self.request(OpKind::Cancel(op), addr, frame);
     }
@@ -1286,15 +1284,15 @@ mod tests {
             r#"{"op": "complete_batch", "items": [{"transfer_id": "a", "reservation_id": "r1"}]}"#
         );
         assert_eq!(
-            cancel_request("t1", "", false, false),
+            make_cancel_request("t1", "", false, false),
             br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": ""}"#
         );
         assert_eq!(
-            cancel_request("t1", "r0", true, false),
+            make_cancel_request("t1", "r0", true, false),
             br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": "r0", "abandon": true}"#
         );
         assert_eq!(
-            cancel_request("t1", "r0", true, true),
+            make_cancel_request("t1", "r0", true, true),
             br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": "r0", "abandon": true, "refresh": true}"#
         );
     }
