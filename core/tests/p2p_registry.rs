@@ -219,7 +219,7 @@ fn malformed_frames_are_dropped_with_nothing_else_lost() {
     assert_eq!(r.stats().messages_refused, 1, "an identity that is not host:port names nothing to admit");
 }
 
-// The peer check (spec P2P S18): an identity is dialled back only if it names the host
+// The peer check (p2p-behaviour.md S18): an identity is dialled back only if it names the host
 // the connection comes from.
 
 #[test]

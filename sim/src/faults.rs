@@ -161,7 +161,7 @@ pub enum FaultKind {
     StopReading { host: String, for_ms: u64, burst: u32 },
     /// `from` sends `to`'s P2P ROUTER one well-formed message over a connection of its own
     /// whose routing identity is `claims` (`host:port`), an address of its choosing
-    /// (spec p2p S18).
+    /// (p2p-behaviour.md S18).
     ForgedIdentity { from: String, to: String, claims: String },
 }
 

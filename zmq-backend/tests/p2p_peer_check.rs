@@ -1,4 +1,4 @@
-//! The peer check on real sockets (spec P2P S18, `docs/peer-admission.md`): a sender that
+//! The peer check on real sockets (p2p-behaviour.md S18, `docs/peer-admission.md`): a sender that
 //! names an address of its choosing as its routing identity does not make the node dial
 //! it; a genuine peer on the same host and an allowlisted peer from another address are
 //! served. Loopback's other addresses (127.0.0.2, ...) stand in for other hosts: libzmq's
