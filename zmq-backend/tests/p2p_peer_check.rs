@@ -4,11 +4,15 @@
 //! served. Loopback's other addresses (127.0.0.2, ...) stand in for other hosts: libzmq's
 //! `tcp://SOURCE:0;HOST:PORT` sets a DEALER's source address.
 
+mod common;
+
+use common::{free_ports, Proc};
 use ctlplane_core::p2p::value::encode;
 use ctlplane_core::p2p::{PeerCheck, PeerCheckMode, Value};
 use ctlplane_zmq::{TransportOptions, ZmqTransport};
 use std::io::ErrorKind;
 use std::net::TcpListener;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// How long an expected event may take on a loaded machine.
@@ -159,4 +163,68 @@ fn an_allowlisted_peer_from_another_address_is_served() {
     };
     assert_eq!(frames, vec![node.local_id().as_bytes().to_vec(), encode(&msg("served"))]);
     assert!(!listener_dialled(&mut node, &listener, QUIET), "the node dialled {stranger}");
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_ctlplane");
+
+#[test]
+fn ctlplane_p2p_echo_refuses_the_dial_back_by_default_and_serves_a_genuine_peer() {
+    let ctx = zmq::Context::new();
+    let port = free_ports(1);
+    let mut echo = Command::new(BIN);
+    echo.args(["p2p", "echo", "--port", &port.to_string()]);
+    let mut echo = Proc::spawn(echo);
+    echo.wait_ready();
+    let (listener, target) = attacker_listener();
+    let _attacker = forged_sender(&ctx, &target, "127.0.0.1", port);
+    // The echo handles messages in arrival order: once a genuine peer's echo is back, the
+    // forged message before it was handled too.
+    let mut peer = ZmqTransport::bind("127.0.0.1", 0).unwrap();
+    let echo_id = format!("127.0.0.1:{port}");
+    peer.connect(&echo_id).unwrap();
+    peer.send(&echo_id, &msg("genuine")).unwrap();
+    let mut back = Vec::new();
+    poll_until(&mut peer, "the echo", |p, _| {
+        back.extend(p.recv(&echo_id));
+        !back.is_empty()
+    });
+    assert_eq!(back, vec![msg("genuine")]);
+    assert!(!listener_dialled(&mut peer, &listener, QUIET), "ctlplane p2p echo dialled {target}");
+    echo.signal("-TERM");
+    assert!(echo.wait_exit(BOUND).success());
+    let stderr = plain(&echo.stderr());
+    let warning = format!("refusing inbound peer: it will not be dialled back peer={target}");
+    assert_eq!(stderr.matches(&warning).count(), 1, "one warning naming {target}:\n{stderr}");
+    assert!(stderr.contains("refused=1"), "{stderr}");
+}
+
+#[test]
+fn ctlplane_p2p_rejects_unknown_peer_checks_and_bad_allowlist_entries() {
+    for (args, error) in [
+        (["--peer-check", "on"], "expected strict, allowlist or off"),
+        (["--peer-allow", "10.0.0.0/33"], "expected host:port or address/prefix"),
+    ] {
+        let out = Command::new(BIN).args(["p2p", "echo", "--port", "1"]).args(args).output().unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(error), "{stderr}");
+    }
+}
+
+/// `text` without ANSI colour sequences (`ESC [ ... m`).
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -7,8 +7,12 @@
 //! queues (open or close a DEALER and its monitor, transmit a frame). The registry decides who is registered, who is alive, what is swept, in which
 //! order, and which peers are new.
 //!
+//! Every ROUTER message passes the peer check ([`super::peer_check`]) with the source
+//! address the driver read off it before it is routed or its sender accepted.
+//!
 //! The T0 lineage's behaviours are kept behind [`T0Switches`], off by default, so the
-//! simulator can re-find the races they caused (p2p-behaviour.md §5, S1-S4).
+//! simulator can re-find the races they caused (p2p-behaviour.md §5, S1-S4; S18 for the
+//! reference's trusted identities).
 
 use super::options::{self, SendMode};
 use super::peer_check::PeerCheck;
