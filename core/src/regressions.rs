@@ -209,10 +209,22 @@ pub const RACES: &[Race] = &[
         oracles: &["p2p-message-lost", "p2p-handshake-liveness"],
     },
     Race {
+        scenario: "p2p-hwm",
+        title: "blocking send at HWM: a peer that stops reading stalls the manager",
+        switches: Some(|| with(|r| r.t0.blocking_send_at_hwm = true)),
+        oracles: &["p2p-progress"],
+    },
+    Race {
         scenario: "p2p-s10",
         title: "socket exhaustion by unbounded peers",
         switches: None,
         oracles: &["sockets-bounded", "p2p-handshake-liveness"],
+    },
+    Race {
+        scenario: "p2p-s18",
+        title: "a forged identity makes a node dial an address of the sender's choosing",
+        switches: Some(|| with(|r| r.t0.trust_identity = true)),
+        oracles: &["p2p-dial-non-peer"],
     },
 ];
 

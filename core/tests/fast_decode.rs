@@ -304,7 +304,7 @@ fn reserve_reply() -> impl Strategy<Value = ReserveReply> {
                 })
             }
         ),
-        any::<u64>().prop_map(|n| ReserveReply::Cancelled(CancelledResult::new(n))),
+        any::<i64>().prop_map(|n| ReserveReply::Cancelled(CancelledResult::new(n.into()))),
     ]
 }
 
@@ -471,10 +471,10 @@ proptest! {
         check_frame(&batch, wire::DEFAULT_MAX_BATCH_ITEMS)?;
         for frame in [
             requests::complete(t, &rid),
-            requests::cancel(t, &rid, false, false),
-            requests::cancel(t, &rid, true, false),
-            requests::cancel(t, &rid, false, true),
-            requests::cancel(t, &rid, true, true),
+            requests::make_cancel_request(t, &rid, false, false),
+            requests::make_cancel_request(t, &rid, true, false),
+            requests::make_cancel_request(t, &rid, false, true),
+            requests::make_cancel_request(t, &rid, true, true),
             requests::status(t),
             requests::peers(),
             requests::event_port(),

@@ -1,9 +1,10 @@
-//! The P2P connection registry: the transport-only races of spec 5 (S1-S4), each shown
+//! The P2P connection registry: the transport-only races of p2p-behaviour.md §5 (S1-S4), each shown
 //! with its T0 switch on (the bug) and off (the fix), plus poll ordering and framing.
 
 use ctlplane_core::p2p::value::{encode, Value};
 use ctlplane_core::p2p::{
-    Action, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
+    Action, AllowEntry, ConnectionRegistry, MonitorEvent, PeerCheck, PeerCheckMode, PollInput, RegistryConfig,
+    T0Switches, TransportError,
 };
 
 const P: &str = "10.0.0.2:7777";
@@ -24,8 +25,21 @@ fn from(peer: &str, v: &Value) -> Vec<Vec<u8>> {
     vec![peer.as_bytes().to_vec(), encode(v)]
 }
 
+/// The host an identity names, as the source a genuine peer's connection comes from.
+fn genuine_source(frames: &[Vec<u8>]) -> Option<String> {
+    let id = std::str::from_utf8(frames.first()?).ok()?;
+    id.rsplit_once(':').map(|(host, _)| host.to_string())
+}
+
+/// A poll of messages from genuine peers: each comes from the host its identity names.
 fn poll_router(r: &mut ConnectionRegistry, router: Vec<Vec<Vec<u8>>>) -> Vec<String> {
-    r.poll(PollInput { router, monitor: vec![] })
+    let sources = router.iter().map(|m| genuine_source(m)).collect();
+    r.poll(PollInput { router, sources, monitor: vec![] })
+}
+
+fn poll_from(r: &mut ConnectionRegistry, messages: Vec<(Vec<Vec<u8>>, Option<&str>)>) -> Vec<String> {
+    let (router, sources) = messages.into_iter().map(|(m, s)| (m, s.map(str::to_string))).unzip();
+    r.poll(PollInput { router, sources, monitor: vec![] })
 }
 
 fn closes(acts: &[Action]) -> usize {
@@ -163,8 +177,11 @@ fn death_in_the_same_poll_drops_routed_messages_s5() {
     // DISCONNECTED arrives in the same poll is swept with it.
     let mut r = registry(T0Switches::default());
     let conn = r.connect(P).unwrap();
-    let accepted =
-        r.poll(PollInput { router: vec![from(P, &msg("connect"))], monitor: vec![(conn, MonitorEvent::Disconnected)] });
+    let accepted = r.poll(PollInput {
+        router: vec![from(P, &msg("connect"))],
+        sources: vec![Some("10.0.0.2".into())],
+        monitor: vec![(conn, MonitorEvent::Disconnected)],
+    });
     assert!(accepted.is_empty());
     assert!(!r.is_registered(P));
     assert_eq!(r.stats().messages_lost_in_sweep, 1);
@@ -198,7 +215,71 @@ fn malformed_frames_are_dropped_with_nothing_else_lost() {
     let accepted = poll_router(&mut r, router);
     assert_eq!(accepted, vec![P.to_string()]);
     assert_eq!(r.recv(P), vec![msg("ok")]);
-    assert_eq!(r.stats().frames_dropped, 5);
+    assert_eq!(r.stats().frames_dropped, 4);
+    assert_eq!(r.stats().messages_refused, 1, "an identity that is not host:port names nothing to admit");
+}
+
+// The peer check (p2p-behaviour.md S18): an identity is dialled back only if it names the host
+// the connection comes from.
+
+#[test]
+fn s18_an_identity_naming_another_host_is_refused_counted_and_never_dialled() {
+    let mut r = registry(T0Switches::default());
+    let target = "10.9.9.9:22";
+    let accepted = poll_from(
+        &mut r,
+        vec![(from(target, &msg("connect")), Some("10.0.0.2")), (from(target, &msg("again")), Some("10.0.0.2"))],
+    );
+    assert!(accepted.is_empty());
+    assert!(!r.is_registered(target));
+    assert!(actions(&mut r).is_empty(), "no DEALER for a refused peer");
+    assert_eq!(r.stats().messages_refused, 2);
+    assert_eq!(r.stats().dealers_opened, 0);
+    // The genuine peer on that host is served in the same poll.
+    let accepted =
+        poll_from(&mut r, vec![(from(target, &msg("x")), Some("10.0.0.2")), (from(P, &msg("y")), Some("10.0.0.2"))]);
+    assert_eq!(accepted, vec![P.to_string()]);
+    assert_eq!(r.recv(P), vec![msg("y")]);
+    assert_eq!(r.stats().messages_refused, 3);
+}
+
+#[test]
+fn s18_a_forged_identity_cannot_inject_into_a_registered_peer() {
+    let mut r = registry(T0Switches::default());
+    r.connect(P).unwrap();
+    poll_from(&mut r, vec![(from(P, &msg("forged")), Some("10.0.0.66")), (from(P, &msg("real")), Some("10.0.0.2"))]);
+    assert_eq!(r.recv(P), vec![msg("real")]);
+    assert_eq!(r.stats().messages_refused, 1);
+}
+
+#[test]
+fn s18_t0_trusts_the_identity_and_dials_wherever_it_points() {
+    let mut r = registry(T0Switches { trust_identity: true, ..T0Switches::default() });
+    let target = "10.9.9.9:22";
+    let accepted = poll_from(&mut r, vec![(from(target, &msg("connect")), Some("10.0.0.2"))]);
+    assert_eq!(accepted, vec![target.to_string()]);
+    assert!(matches!(&actions(&mut r)[0], Action::OpenDealer { endpoint, .. } if endpoint == "tcp://10.9.9.9:22"));
+    assert_eq!(r.stats().messages_refused, 0);
+}
+
+#[test]
+fn unknown_sources_are_refused_in_strict_mode_and_allowlists_admit_what_they_name() {
+    let mut r = registry(T0Switches::default());
+    assert!(poll_from(&mut r, vec![(from(P, &msg("x")), None)]).is_empty());
+    assert_eq!(r.stats().messages_refused, 1);
+
+    let allow: Vec<AllowEntry> = vec!["10.0.0.2:7777".parse().unwrap()];
+    let check = PeerCheck { mode: PeerCheckMode::Allowlist, allow };
+    let mut r = ConnectionRegistry::new(RegistryConfig { peer_check: check, ..RegistryConfig::new("10.0.0.1:5710") });
+    let accepted = poll_from(
+        &mut r,
+        vec![(from(P, &msg("natted")), Some("203.0.113.5")), (from("10.0.0.3:1", &msg("x")), Some("10.0.0.3"))],
+    );
+    assert_eq!(accepted, vec![P.to_string()], "allowlist mode admits only the listed identity");
+    assert_eq!(r.stats().messages_refused, 1);
+
+    let mut r = ConnectionRegistry::new(RegistryConfig { peer_check: PeerCheck::off(), ..RegistryConfig::new("l:1") });
+    assert_eq!(poll_from(&mut r, vec![(from("10.9.9.9:22", &msg("x")), None)]), vec!["10.9.9.9:22".to_string()]);
 }
 
 #[test]
@@ -248,4 +329,42 @@ fn a_failed_old_connection_does_not_kill_its_replacement() {
     assert!(r.is_alive(P));
     assert!(r.mark_dead_conn(P, second));
     assert!(!r.is_alive(P));
+}
+
+// vLLM 0.33: bounded, non-blocking sends and more fatal monitor events.
+
+#[test]
+fn every_fatal_monitor_event_kills_and_others_are_ignored() {
+    use ctlplane_core::p2p::options::{EVENT_CLOSED, EVENT_HANDSHAKE_FAILED_AUTH, EVENT_HANDSHAKE_FAILED_NO_DETAIL};
+    for code in [0x0200, EVENT_CLOSED, EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0x2000, EVENT_HANDSHAKE_FAILED_AUTH] {
+        let mut r = registry(T0Switches::default());
+        let conn = r.connect(P).unwrap();
+        let event = MonitorEvent::from_code(code);
+        assert!(event.is_fatal(), "{code:#x}");
+        // Non-fatal events before it change nothing; the fatal one kills in this poll.
+        let monitor =
+            vec![(conn, MonitorEvent::from_code(0x0001)), (conn, MonitorEvent::from_code(0x1000)), (conn, event)];
+        r.poll(PollInput { router: vec![], sources: vec![], monitor });
+        assert!(!r.is_registered(P), "{code:#x} retires the connection");
+    }
+    let mut r = registry(T0Switches::default());
+    let conn = r.connect(P).unwrap();
+    r.poll(PollInput { router: vec![], sources: vec![], monitor: vec![(conn, MonitorEvent::from_code(0x0004))] });
+    assert!(r.is_alive(P), "a retried connect is not fatal");
+}
+
+#[test]
+fn a_full_queue_is_the_release_error_and_sends_never_block_unless_switched() {
+    use ctlplane_core::p2p::options::SendMode;
+    let mut r = registry(T0Switches::default());
+    assert_eq!(r.send_mode(), SendMode::NonBlocking);
+    let conn = r.connect(P).unwrap();
+    let error = r.queue_full(conn);
+    assert_eq!(error, TransportError::QueueFull { peer: P.into() });
+    assert_eq!(error.to_string(), format!("ZmqConnection: send queue to {P} is full"));
+    assert_eq!(r.stats().sends_refused_full, 1);
+    // The owning session decides the connection is dead; the registry keeps it until then.
+    assert!(r.is_alive(P));
+    let seed = registry(T0Switches { blocking_send_at_hwm: true, ..T0Switches::default() });
+    assert_eq!(seed.send_mode(), SendMode::BlockAtHwm);
 }

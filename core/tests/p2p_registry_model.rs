@@ -1,9 +1,9 @@
-//! Model-based property test of the P2P `ConnectionRegistry` (spec 1.7-1.10 and 5, S1-S5).
+//! Model-based property test of the P2P `ConnectionRegistry` (p2p-behaviour.md §1.7-1.10 and §5, S1-S5).
 //!
 //! Random interleavings of `connect`, `mark_dead`, `close`, `send`, `recv`, `poll` (ROUTER
 //! messages from known peers, new peers and malformed senders, plus monitor events for
 //! current, stale and unknown connection ids) and `close_all` run against the registry
-//! and against a small model of the mainline (T1) transport written from the spec: a
+//! and against a small model of the mainline (T1) transport written from the behaviour reference: a
 //! registration-ordered list of peer -> {conn id, dead, closed, inbox}. The model predicts
 //! every return value, every socket action and the counters.
 //!
@@ -28,7 +28,7 @@
 use ctlplane_core::p2p::registry::{ConnId, Direction, RegistryStats};
 use ctlplane_core::p2p::value::{decode, encode, Value};
 use ctlplane_core::p2p::{
-    Action, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
+    Action, ConnectionRegistry, MonitorEvent, PeerCheck, PollInput, RegistryConfig, T0Switches, TransportError,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngAlgorithm, TestError, TestRng, TestRunner};
@@ -460,7 +460,12 @@ fn encoded(values: &[Value]) -> Vec<Vec<u8>> {
 impl Harness {
     fn new(t0: T0Switches, with_model: bool) -> Self {
         Harness {
-            reg: ConnectionRegistry::new(RegistryConfig { t0, ..RegistryConfig::new(LOCAL) }),
+            // The model is the reference's registry, which trusts every identity.
+            reg: ConnectionRegistry::new(RegistryConfig {
+                t0,
+                peer_check: PeerCheck::off(),
+                ..RegistryConfig::new(LOCAL)
+            }),
             model: with_model.then(Model::default),
             dealers: BTreeMap::new(),
             monitors: BTreeSet::new(),
@@ -629,7 +634,7 @@ impl Harness {
                     .into_iter()
                     .filter(|(s, _)| !before.get(s).is_some_and(|&(c, alive)| alive && killed.contains(&c)))
                     .collect();
-                let input = PollInput { router, monitor };
+                let input = PollInput { router, sources: Vec::new(), monitor };
                 let got = self.reg.poll(input.clone());
                 if let Some(m) = &mut self.model {
                     let want = m.poll(&input);

@@ -1,5 +1,5 @@
 //! `PushCoordinator` against real `ConsumerShard`s and an in-process data plane: the
-//! producer's side of the EC channel (spec 1.3, 2.3, 4) and its races (S8-S20), driven by a
+//! producer's side of the EC channel (ec-behaviour.md §1.3, §2.3, §4) and its races (S8-S20), driven by a
 //! tiny loop that routes every request frame to the shard it names and every write into the
 //! shard's registered slab.
 

@@ -602,7 +602,8 @@ fn p2p_s6_a_replacement_for_a_dead_unreaped_session_is_refused_only_with_the_swi
         // and the session still sits in the manager's map.
         r.mark_dead(peer);
         let connect = vec![peer.as_bytes().to_vec(), encode(&MsgValue::map([("type", MsgValue::from("connect"))]))];
-        let accepted = r.poll(PollInput { router: vec![connect], monitor: vec![] });
+        let sources = vec![Some("10.0.0.2".to_string())];
+        let accepted = r.poll(PollInput { router: vec![connect], sources, monitor: vec![] });
         assert_eq!(accepted, vec![peer.to_string()], "the transport accepts the replacement");
         let admission = admit(Existing::Dead, &regressions);
         let first = match admission {
@@ -635,6 +636,8 @@ const ORACLES: &[&str] = &[
     "p2p-message-lost",
     "p2p-handshake-liveness",
     "sockets-bounded",
+    "p2p-progress",
+    "p2p-dial-non-peer",
     "req-lockstep",
     "push-settled",
 ];

@@ -1,4 +1,4 @@
-//! The reservation book's rules, one test per rule of spec section 3, named after it.
+//! The reservation book's rules, one test per rule of ec-behaviour.md §3, named after it.
 
 use ctlplane_core::ec::reservations::{
     BookConfig, FollowerCompletion, ReservationBook, ReserveError, ReserveRequest, Reserved, TakeError,
@@ -474,7 +474,7 @@ fn cancel_rule9_plain_cancel_of_ready_releases_it() {
 
 #[test]
 fn a_deferred_release_requires_writer_completion() {
-    // Spec S11: 768 bytes hold three 64-byte reservations; plain cancels defer them and
+    // ec-behaviour.md S11: 768 bytes hold three 64-byte reservations; plain cancels defer them and
     // no deadline frees them; only an abandon does.
     let mut b = book(768);
     let mut rids = Vec::new();

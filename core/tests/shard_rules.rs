@@ -1,5 +1,5 @@
 //! `ConsumerShard` through the wire: ops, batch semantics, the event backlog and the reap
-//! schedule (spec 2.3-2.5), bytes in and bytes out.
+//! schedule (ec-behaviour.md §2.3-2.5), bytes in and bytes out.
 
 use ctlplane_core::ec::{ConsumerShard, ShardConfig};
 use ctlplane_core::Instant;

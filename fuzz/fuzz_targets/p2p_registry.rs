@@ -1,15 +1,18 @@
 //! `ConnectionRegistry` fed arbitrary poll inputs (ROUTER frames, identities, monitor
 //! events) mixed with connects, sends, kills and closes. A driver model carries out the
 //! actions and checks what production relies on: every DEALER opened is closed at most
-//! once, handles are never reused, open DEALERs never exceed the peer bound, and after a
-//! poll every registered connection is alive.
+//! once, handles are never reused, open DEALERs never exceed the peer bound, after a
+//! poll every registered connection is alive, and (with the strict peer check) a peer is
+//! accepted only from a connection whose source is the host its identity names.
+//! Each message comes from the host its identity names, from another host, or from an
+//! unknown source.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
 use ctlplane_core::p2p::value::{self, Value};
-use ctlplane_core::p2p::{Action, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig};
+use ctlplane_core::p2p::{Action, ConnectionRegistry, MonitorEvent, PeerCheck, PeerCheckMode, PollInput, RegistryConfig};
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeSet;
 
@@ -28,9 +31,20 @@ enum Payload {
     Oversize,
 }
 
+/// Where a message's connection comes from.
+#[derive(Arbitrary, Debug)]
+enum Source {
+    /// The host its identity names.
+    Genuine,
+    /// Another host (never one `peer` names).
+    Other(u8),
+    /// The driver could not tell.
+    Unknown,
+}
+
 #[derive(Arbitrary, Debug)]
 enum Message {
-    Pair(Identity, Payload),
+    Pair(Identity, Payload, Source),
     Frames(Vec<Vec<u8>>),
 }
 
@@ -50,6 +64,8 @@ enum Step {
 struct Input {
     max_peers: Option<u8>,
     limit: Option<u8>,
+    /// The reference's behaviour: every identity trusted.
+    check_off: bool,
     steps: Vec<Step>,
 }
 
@@ -59,6 +75,10 @@ fn peer(n: u8) -> String {
         return format!("peer{n}");
     }
     format!("10.0.0.{}:{}", n % 4, 5710 + u16::from(n % 3))
+}
+
+fn host_of(identity: &[u8]) -> Option<&str> {
+    std::str::from_utf8(identity).ok()?.rsplit_once(':').map(|(h, _)| h)
 }
 
 fn small(n: u8) -> Value {
@@ -104,6 +124,10 @@ fuzz_target!(|input: Input| {
     config.max_peers = input.max_peers.map(|n| usize::from(n % 6));
     // A small frame limit so that short inputs reach it; T2's default otherwise.
     config.max_message_bytes = input.limit.map(|n| if n == 0 { MAX_CONTROL_MESSAGE_BYTES } else { usize::from(n) });
+    if input.check_off {
+        config.peer_check = PeerCheck::off();
+    }
+    let strict = config.peer_check.mode == PeerCheckMode::Strict && config.peer_check.allow.is_empty();
     let mut reg = ConnectionRegistry::new(config);
     let mut driver = Driver::default();
     for step in input.steps.iter().take(128) {
@@ -124,11 +148,11 @@ fuzz_target!(|input: Input| {
             }
             Step::Poll { router, monitor } => {
                 let limit = reg.config().max_message_bytes.unwrap_or(64);
-                let router = router
+                let (router, sources): (Vec<Vec<Vec<u8>>>, Vec<Option<String>>) = router
                     .iter()
                     .take(64)
                     .map(|m| match m {
-                        Message::Pair(id, payload) => {
+                        Message::Pair(id, payload, source) => {
                             let id = match id {
                                 Identity::Peer(n) => peer(*n).into_bytes(),
                                 Identity::Raw(b) => b.clone(),
@@ -138,10 +162,24 @@ fuzz_target!(|input: Input| {
                                 Payload::Raw(b) => b.clone(),
                                 Payload::Oversize => vec![0xc0; limit.min(4096) + 1],
                             };
-                            vec![id, payload]
+                            let source = match source {
+                                Source::Genuine => host_of(&id).map(str::to_string),
+                                Source::Other(n) => Some(format!("10.0.1.{n}")),
+                                Source::Unknown => None,
+                            };
+                            (vec![id, payload], source)
                         }
-                        Message::Frames(frames) => frames.clone(),
+                        Message::Frames(frames) => (frames.clone(), None),
                     })
+                    .unzip();
+                // (identity, source) pairs that may make a peer accepted under the strict check.
+                let genuine: BTreeSet<Vec<u8>> = router
+                    .iter()
+                    .zip(&sources)
+                    .filter(|(m, s)| {
+                        m.first().and_then(|id| host_of(id)).is_some_and(|h| s.as_deref() == Some(h))
+                    })
+                    .filter_map(|(m, _)| m.first().cloned())
                     .collect();
                 let conns: Vec<u64> = driver.opened.iter().copied().collect();
                 let monitor = monitor
@@ -153,7 +191,12 @@ fuzz_target!(|input: Input| {
                         (conn, event)
                     })
                     .collect();
-                let accepted = reg.poll(PollInput { router, monitor });
+                let accepted = reg.poll(PollInput { router, sources, monitor });
+                if strict {
+                    for p in &accepted {
+                        assert!(genuine.contains(p.as_bytes()), "{p} accepted without a message from its own host");
+                    }
+                }
                 let unique: BTreeSet<&String> = accepted.iter().collect();
                 assert_eq!(unique.len(), accepted.len(), "a peer accepted twice in one poll");
                 for p in &accepted {

@@ -6,7 +6,7 @@ test is run with tee-python.sh standing in for python3, which records every requ
 reply and event. P2P frames are the W1 messages as msgspec encodes them (needs the
 interop virtualenv's msgspec). Run from the workspace root:
 
-    .venv-interop/bin/python fuzz/seeds/harvest.py
+    .venv/bin/python fuzz/seeds/harvest.py
 """
 import hashlib
 import os

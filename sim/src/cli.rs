@@ -5,7 +5,6 @@
 //! or I/O error. Wall-clock time is measured here only, for the sweep summary; the
 //! simulation never reads it.
 
-use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -19,7 +18,7 @@ use thiserror::Error;
 
 use crate::engine::{RunConfig, RunReport};
 use crate::faults::{FaultError, FaultPlan};
-use crate::oracle::Violation;
+use crate::sweep_record::{SeedRecord, Verdict};
 use crate::topology::Topology;
 
 /// Deterministic simulation of the ctlplane control plane.
@@ -44,6 +43,15 @@ pub enum Command {
     Catalogue(crate::catalogue::CatalogueArgs),
     /// Minimise a failing seed's fault plan while the same oracle fires.
     Shrink(crate::shrink::ShrinkArgs),
+    /// Merge the `--json` result files of many sweep shards into one summary.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Result files written by `ctlsim sweep --json`.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +114,9 @@ pub struct SweepArgs {
     /// Run only the seeds of shard I of N (`seed % N == I`), to split a sweep over machines.
     #[arg(long, value_parser = parse_shard)]
     pub shard: Option<(u64, u64)>,
+    /// Write one JSON line per seed to FILE as results arrive (merge shards with `ctlsim report`).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 /// `A..B` or `A..=B`.
@@ -151,6 +162,10 @@ pub enum CliError {
     PlanSeed { path: PathBuf, plan: u64, seed: u64 },
     #[error("cannot write trace {path}: {source}")]
     WriteTrace { path: PathBuf, source: std::io::Error },
+    #[error("cannot write results {path}: {source}")]
+    WriteResults { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Report(#[from] crate::sweep_record::ReportError),
     #[error(transparent)]
     Shrink(#[from] crate::shrink::ShrinkError),
 }
@@ -189,6 +204,10 @@ pub fn execute(command: Command, out: &mut impl Write) -> Result<bool, CliError>
         Command::Sweep(a) => sweep(&a, out),
         Command::Catalogue(a) => crate::catalogue::execute(&a, out),
         Command::Shrink(a) => crate::shrink::execute(&a, out),
+        Command::Report(a) => {
+            let results = crate::sweep_record::read_files(&a.files)?;
+            Ok(crate::sweep_record::summarise(&results, &crate::sweep_record::Timing { wall: None }, out))
+        }
     }
 }
 
@@ -291,21 +310,22 @@ fn one(
     }
 }
 
-/// What a sweep keeps of one run.
-struct SeedResult {
-    seed: u64,
-    sim: Duration,
-    violations: Vec<Violation>,
-    panic: Option<String>,
-}
-
 fn sweep(a: &SweepArgs, out: &mut impl Write) -> Result<bool, CliError> {
     topology(&a.scenario)?;
+    let mut json = match &a.json {
+        Some(path) => Some((
+            path,
+            std::io::BufWriter::new(
+                std::fs::File::create(path).map_err(|source| CliError::WriteResults { path: path.clone(), source })?,
+            ),
+        )),
+        None => None,
+    };
     let seeds: Vec<u64> = a.seeds.clone().filter(|s| a.shard.is_none_or(|(i, n)| s % n == i)).collect();
     let total = seeds.len();
     let seeds = Arc::new(seeds);
     let next = Arc::new(AtomicUsize::new(0));
-    let (tx, rx) = mpsc::channel::<SeedResult>();
+    let (tx, rx) = mpsc::channel::<SeedRecord>();
     let wall = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..a.jobs.min(total.max(1) as u32) {
@@ -313,11 +333,32 @@ fn sweep(a: &SweepArgs, out: &mut impl Write) -> Result<bool, CliError> {
         workers.push(std::thread::spawn(move || loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(&seed) = seeds.get(i) else { return };
-            let result = match run_seed(seed, &scenario, None, false) {
-                Ok(r) => SeedResult { seed, sim: r.sim_time, violations: r.violations, panic: None },
-                Err(p) => SeedResult { seed, sim: Duration::ZERO, violations: Vec::new(), panic: Some(p) },
+            let cpu = crate::sweep_record::thread_cpu_seconds();
+            let outcome = run_seed(seed, &scenario, None, false);
+            let cpu_s = crate::sweep_record::thread_cpu_seconds() - cpu;
+            let record = match outcome {
+                Ok(r) => SeedRecord {
+                    seed,
+                    scenario: scenario.clone(),
+                    verdict: if r.violations.is_empty() { Verdict::Pass } else { Verdict::Fail },
+                    oracles: r.violations.iter().map(|v| v.oracle.clone()).collect(),
+                    detail: r.violations.first().map(|v| v.detail.clone()),
+                    hash: Some(format!("{:016x}", r.trace_hash)),
+                    sim_s: r.sim_time.as_secs_f64(),
+                    cpu_s,
+                },
+                Err(p) => SeedRecord {
+                    seed,
+                    scenario: scenario.clone(),
+                    verdict: Verdict::Panic,
+                    oracles: Vec::new(),
+                    detail: Some(p),
+                    hash: None,
+                    sim_s: 0.0,
+                    cpu_s,
+                },
             };
-            if tx.send(result).is_err() {
+            if tx.send(record).is_err() {
                 return;
             }
         }));
@@ -326,7 +367,13 @@ fn sweep(a: &SweepArgs, out: &mut impl Write) -> Result<bool, CliError> {
     let mut progress = Progress::new(total);
     let mut results = Vec::with_capacity(total);
     for r in rx {
-        progress.update(results.len() + 1, !r.violations.is_empty() || r.panic.is_some(), wall.elapsed());
+        progress.update(results.len() + 1, r.failed(), wall.elapsed());
+        if let Some((path, w)) = json.as_mut() {
+            // Each line is flushed as it lands, so a shard killed mid-way keeps its results.
+            writeln!(w, "{}", r.to_line())
+                .and_then(|()| w.flush())
+                .map_err(|source| CliError::WriteResults { path: (*path).clone(), source })?;
+        }
         results.push(r);
     }
     for w in workers {
@@ -334,54 +381,8 @@ fn sweep(a: &SweepArgs, out: &mut impl Write) -> Result<bool, CliError> {
     }
     progress.finish();
     results.sort_by_key(|r| r.seed);
-    summarise(a, &results, wall.elapsed(), out);
-    Ok(results.iter().all(|r| r.violations.is_empty() && r.panic.is_none()))
-}
-
-fn summarise(a: &SweepArgs, results: &[SeedResult], wall: Duration, out: &mut impl Write) {
-    let sim: Duration = results.iter().map(|r| r.sim).sum();
-    let failed: Vec<&SeedResult> = results.iter().filter(|r| !r.violations.is_empty() || r.panic.is_some()).collect();
-    let mut by_oracle: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for r in results {
-        let mut seen = std::collections::BTreeSet::new();
-        for v in &r.violations {
-            let e = by_oracle.entry(v.oracle.as_str()).or_default();
-            e.0 += 1;
-            if seen.insert(v.oracle.as_str()) {
-                e.1 += 1;
-            }
-        }
-        if r.panic.is_some() {
-            let e = by_oracle.entry("panic").or_default();
-            e.0 += 1;
-            e.1 += 1;
-        }
-    }
-    let _ = writeln!(out, "scenario        {}", a.scenario);
-    let _ = writeln!(out, "seeds           {} ({} failed)", results.len(), failed.len());
-    let _ = writeln!(out, "simulated       {:.1} s", sim.as_secs_f64());
-    let _ = writeln!(out, "wall            {:.1} s ({} jobs)", wall.as_secs_f64(), a.jobs);
-    let compression = if wall.as_secs_f64() > 0.0 { sim.as_secs_f64() / wall.as_secs_f64() } else { 0.0 };
-    let _ = writeln!(out, "compression     {compression:.0}x");
-    if !by_oracle.is_empty() {
-        let _ = writeln!(out, "{:<28} {:>10} {:>8}", "oracle", "violations", "seeds");
-        for (oracle, (n, seeds)) in &by_oracle {
-            let _ = writeln!(out, "{oracle:<28} {n:>10} {seeds:>8}");
-        }
-    }
-    const SHOWN: usize = 20;
-    for r in failed.iter().take(SHOWN) {
-        let first = match (&r.panic, r.violations.first()) {
-            (Some(p), _) => format!("panic: {p}"),
-            (None, Some(v)) => format!("{}: {}", v.oracle, v.detail),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(out, "FAILED seed {} ({first})", r.seed);
-        let _ = writeln!(out, "  replay: {}", replay_command(r.seed, &a.scenario, None));
-    }
-    if failed.len() > SHOWN {
-        let _ = writeln!(out, "... and {} more failed seeds", failed.len() - SHOWN);
-    }
+    let timing = crate::sweep_record::Timing { wall: Some((wall.elapsed().as_secs_f64(), a.jobs)) };
+    Ok(crate::sweep_record::summarise(&results, &timing, out))
 }
 
 /// A progress bar on stderr: redrawn in place on a terminal, a line per tenth otherwise.

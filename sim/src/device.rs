@@ -158,6 +158,10 @@ impl Device {
         if let Some(status) = plan.fail_status {
             return Err(DataPlaneError::Status { session: session.to_string(), status });
         }
+        if nbytes == 0 {
+            // An empty tensor (null `dst_ptr`): nothing moves, nothing can land out of place.
+            return Ok(None);
+        }
         let end = reg.base.saturating_add(reg.len);
         let offset =
             dst_ptr.checked_sub(reg.base).filter(|off| off.checked_add(nbytes).is_some_and(|e| e <= reg.len)).ok_or(

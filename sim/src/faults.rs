@@ -22,15 +22,15 @@ use thiserror::Error;
 
 use crate::topology::Topology;
 
-/// `ZMQ_HEARTBEAT_IVL` of the P2P sockets (spec p2p 1.4).
+/// `ZMQ_HEARTBEAT_IVL` of the P2P sockets (p2p-behaviour.md §1.4).
 pub const HEARTBEAT_IVL: Duration = Duration::from_millis(2_000);
 /// `ZMQ_HEARTBEAT_TIMEOUT` of the P2P sockets: a link silent this long after a PING drops.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(10_000);
-/// `control_timeout_s` of the EC clients (spec ec 9): a handler slower than this makes the
+/// `control_timeout_s` of the EC clients (ec-behaviour.md §9): a handler slower than this makes the
 /// client give up and discard its REQ socket.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a simulated P2P peer polls its transport when nothing arrives (one manager
-/// tick). Mainline polls once per engine scheduler step (spec 3.4: 0.45-0.6 s per hop on a
+/// tick). Mainline polls once per engine scheduler step (p2p-behaviour.md §3.4: 0.45-0.6 s per hop on a
 /// busy rank); 50 ms is a lightly loaded engine's step. A readable ROUTER wakes it sooner.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -148,13 +148,21 @@ pub enum FaultKind {
     /// old connection's teardown.
     ReconnectRace { host: String, peer: String, partition_ms: u64, gap_ms: u64 },
     /// `host`'s application receives `count` requests naming distinct P2P peers where
-    /// nothing listens (spec p2p S10): each opens a DEALER and a monitor that never see a
+    /// nothing listens (p2p-behaviour.md S10): each opens a DEALER and a monitor that never see a
     /// DISCONNECTED.
     PeerFlood { host: String, count: u32 },
     /// `peer`'s next request to `host` fails to send (its session dies between two manager
-    /// ticks, spec p2p S6), and `host` restarts the moment it does, so its replacement's
+    /// ticks, p2p-behaviour.md S6), and `host` restarts the moment it does, so its replacement's
     /// Connect reaches `peer` before `peer`'s next poll.
     ReplaceRace { host: String, peer: String },
+    /// `host`'s P2P application stops reading (its manager does not poll) for `for_ms`
+    /// while its sockets stay up; each other peer's application sends it `burst` requests
+    /// at its next traffic turn, more than the DEALER high-water mark lets queue.
+    StopReading { host: String, for_ms: u64, burst: u32 },
+    /// `from` sends `to`'s P2P ROUTER one well-formed message over a connection of its own
+    /// whose routing identity is `claims` (`host:port`), an address of its choosing
+    /// (p2p-behaviour.md S18).
+    ForgedIdentity { from: String, to: String, claims: String },
 }
 
 impl FaultKind {
@@ -171,6 +179,8 @@ impl FaultKind {
             FaultKind::ReconnectRace { .. } => "reconnect_race",
             FaultKind::PeerFlood { .. } => "peer_flood",
             FaultKind::ReplaceRace { .. } => "replace_race",
+            FaultKind::StopReading { .. } => "stop_reading",
+            FaultKind::ForgedIdentity { .. } => "forged_identity",
         }
     }
 
@@ -181,11 +191,12 @@ impl FaultKind {
             | FaultKind::OneWay { for_ms, .. }
             | FaultKind::Hold { for_ms, .. }
             | FaultKind::LongPartition { for_ms, .. }
-            | FaultKind::SlowHandler { for_ms, .. } => *for_ms,
+            | FaultKind::SlowHandler { for_ms, .. }
+            | FaultKind::StopReading { for_ms, .. } => *for_ms,
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
-            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } => 0,
+            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } => 0,
         }
     }
 
@@ -202,6 +213,8 @@ impl FaultKind {
             FaultKind::ReconnectRace { host, peer, .. } => vec![host, peer],
             FaultKind::PeerFlood { host, .. } => vec![host],
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
+            FaultKind::StopReading { host, .. } => vec![host],
+            FaultKind::ForgedIdentity { from, to, .. } => vec![from, to],
         }
     }
 
@@ -227,9 +240,10 @@ impl FaultKind {
                 }
                 r
             }
-            FaultKind::PeerFlood { .. } => Vec::new(),
+            FaultKind::PeerFlood { .. } | FaultKind::ForgedIdentity { .. } => Vec::new(),
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
+            FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
         }
     }
 }
@@ -517,11 +531,17 @@ struct HostFaults {
     malformed: BTreeMap<String, VecDeque<(String, Garbage)>>,
     /// Per P2P host: requests naming peers nobody listens for, still to arrive.
     floods: BTreeMap<String, u32>,
+    /// Per P2P host: `(to, claimed identity)` forged messages still to send.
+    forged: BTreeMap<String, Vec<(String, String)>>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
     /// index, whose receiver then restarts.
     send_failures: BTreeMap<(String, String), usize>,
     /// Restarts a failed send asked for, by fault index: the driver plays them next step.
     bounces: Vec<(usize, String)>,
+    /// P2P hosts that stop reading, and until when.
+    stopped: BTreeMap<String, ctlplane_core::time::Instant>,
+    /// Per stopped host: the burst each other peer sends it, and who sent theirs already.
+    bursts: BTreeMap<String, (u32, BTreeSet<String>)>,
 }
 
 thread_local! {
@@ -567,6 +587,11 @@ pub fn take_flood(host: &str) -> Option<u32> {
     HOST_FAULTS.with(|h| h.borrow_mut().floods.remove(host))
 }
 
+/// The forged messages `host` must send now: `(to, claimed identity)` each, taken once.
+pub fn take_forged(host: &str) -> Vec<(String, String)> {
+    HOST_FAULTS.with(|h| h.borrow_mut().forged.remove(host).unwrap_or_default())
+}
+
 /// Whether `host`'s next request to `to` fails to send (a replace race); if so, `to`
 /// restarts at the driver's next step.
 pub fn take_send_failure(host: &str, to: &str) -> bool {
@@ -580,6 +605,21 @@ pub fn take_send_failure(host: &str, to: &str) -> bool {
             }
             None => false,
         }
+    })
+}
+
+/// Until when `host`'s P2P application stops reading, if a stop-reading fault is on.
+pub fn stopped_until(host: &str) -> Option<ctlplane_core::time::Instant> {
+    HOST_FAULTS.with(|h| h.borrow().stopped.get(host).copied())
+}
+
+/// How many requests `from` must send to `to` in one go (`to` stopped reading), taken
+/// once per sender.
+pub fn take_burst(from: &str, to: &str) -> Option<u32> {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let (n, done) = h.bursts.get_mut(to)?;
+        done.insert(from.to_string()).then_some(*n)
     })
 }
 
@@ -640,10 +680,25 @@ enum Step {
         host: String,
         count: u32,
     },
+    Forge {
+        from: String,
+        to: String,
+        claims: String,
+    },
     /// Arms a failed send from `from` to `to`; `to` restarts when it happens.
     ArmSendFailure {
         from: String,
         to: String,
+    },
+    /// `host`'s P2P application stops reading until `until`; the others owe it a burst.
+    ReadOff {
+        host: String,
+        until: ctlplane_core::time::Instant,
+        burst: u32,
+    },
+    /// `host` reads again.
+    ReadOn {
+        host: String,
     },
 }
 
@@ -657,6 +712,7 @@ impl Step {
                 | Step::Release { .. }
                 | Step::Restart { .. }
                 | Step::SlowOff { .. }
+                | Step::ReadOn { .. }
         )
     }
 }
@@ -716,7 +772,13 @@ impl FaultDriver {
                     push(t + partition_ms + gap_ms, i, Step::Bounce { host });
                 }
                 FaultKind::PeerFlood { host, count } => push(t, i, Step::Flood { host, count }),
+                FaultKind::ForgedIdentity { from, to, claims } => push(t, i, Step::Forge { from, to, claims }),
                 FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
+                FaultKind::StopReading { host, for_ms, burst } => {
+                    let until = ctlplane_core::time::Instant::from_nanos((t + for_ms) * 1_000_000);
+                    push(t, i, Step::ReadOff { host: host.clone(), until, burst });
+                    push(t + for_ms, i, Step::ReadOn { host });
+                }
             }
         }
         // By time; at one instant heals before new faults, then plan order.
@@ -763,8 +825,11 @@ impl FaultDriver {
             let mut h = h.borrow_mut();
             h.malformed.clear();
             h.floods.clear();
+            h.forged.clear();
             h.send_failures.clear();
             h.bounces.clear();
+            h.stopped.clear();
+            h.bursts.clear();
         });
         crate::trace::record_at(now.as_nanos() as u64, "engine", "fault.heal_all", &[]);
     }
@@ -867,9 +932,31 @@ impl FaultDriver {
                 HOST_FAULTS.with(|h| *h.borrow_mut().floods.entry(host.clone()).or_default() += count);
                 rec("flood", &[("host", &host), ("count", &count)]);
             }
+            Step::Forge { from, to, claims } => {
+                HOST_FAULTS.with(|h| {
+                    h.borrow_mut().forged.entry(from.clone()).or_default().push((to.clone(), claims.clone()))
+                });
+                rec("forge", &[("from", &from), ("to", &to), ("claims", &claims)]);
+            }
             Step::ArmSendFailure { from, to } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().send_failures.insert((from.clone(), to.clone()), index));
                 rec("arm_send_failure", &[("from", &from), ("to", &to)]);
+            }
+            Step::ReadOff { host, until, burst } => {
+                HOST_FAULTS.with(|h| {
+                    let mut h = h.borrow_mut();
+                    h.stopped.insert(host.clone(), until);
+                    h.bursts.insert(host.clone(), (burst, BTreeSet::new()));
+                });
+                rec("stop_reading", &[("host", &host), ("until", &until), ("burst", &burst)]);
+            }
+            Step::ReadOn { host } => {
+                HOST_FAULTS.with(|h| {
+                    let mut h = h.borrow_mut();
+                    h.stopped.remove(&host);
+                    h.bursts.remove(&host);
+                });
+                rec("read_again", &[("host", &host)]);
             }
         }
         crate::clock::note_activity();

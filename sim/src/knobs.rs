@@ -33,7 +33,7 @@ pub struct Knobs {
     /// A session that died of a protocol error still backs off, so its Disconnect goes out.
     pub p2p_immediate_reconnect: bool,
     /// REQ sockets the producer host keeps per shard address (its worker threads' sockets,
-    /// spec ec-control.md section 5: one per (thread, address)), and so the coordinator's
+    /// ec-behaviour.md §5: one per (thread, address)), and so the coordinator's
     /// `PushConfig::max_requests_per_shard`; `None` = one, the default.
     pub producer_sockets_per_shard: Option<usize>,
     /// Producer stalls: now and then a producer's control threads stop for a while (the

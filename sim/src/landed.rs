@@ -1,10 +1,10 @@
 //! The landing ledger: where written bytes landed, and whether a rank announced an item
 //! ready only after the bytes of the very reservation it announced were there.
 //!
-//! Spec 3.4 makes a reservation READY on its writer's completion, which the producer sends
+//! ec-behaviour.md §3.4 makes a reservation READY on its writer's completion, which the producer sends
 //! after its write returned; S12 adds that a late completion carrying an older reservation
 //! id must not make the transfer's new reservation READY. Both say: a readiness event
-//! (spec 2.4) names a reservation whose destination holds the item's bytes.
+//! (ec-behaviour.md §2.4) names a reservation whose destination holds the item's bytes.
 //!
 //! The rank host notes the destination of every reservation it grants (`reserve` and
 //! `reserve_batch` replies); a writer grant hands out memory afresh, so whatever landed

@@ -20,6 +20,7 @@ pub mod perfetto;
 pub mod release;
 pub mod scenario;
 pub mod shrink;
+pub mod sweep_record;
 pub mod topology;
 pub mod trace;
 pub mod zmq;

@@ -145,7 +145,7 @@ pub fn check_step(now_ns: u64) {
 }
 
 /// `req-lockstep`: a control client never sends on a REQ socket that still awaits the reply
-/// to its last request (spec ec-control §5 and S9: after a timeout or an error the socket is
+/// to its last request (ec-behaviour.md §5 and S9: after a timeout or an error the socket is
 /// discarded and the next request uses a fresh one). The ZMQ model refuses such a send with
 /// EFSM, as libzmq does, and records it (`crate::zmq::lockstep`); each one breaks the rule.
 fn check_req_lockstep() {
@@ -208,7 +208,7 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
         }
         // An item its producer reported pushed into its own destination on every rank,
         // while its request still waited, is announced by every rank: `complete` of a
-        // live writer makes it READY (spec 3.4). Only for consumers whose ranks never
+        // live writer makes it READY (ec-behaviour.md §3.4). Only for consumers whose ranks never
         // restarted: a restarted rank loses what it had queued with its process, and its
         // new event port is not the one the scheduler subscribed to.
         for (tid, p) in &w.pushed {

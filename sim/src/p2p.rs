@@ -13,6 +13,10 @@
 //!   ordered pair of peers has a ready session that answers requests ([`check_liveness`]).
 //! - `sockets-bounded`: a peer never needs more ZeroMQ sockets than libzmq's context allows
 //!   ([`MAX_SOCKETS`]; checked as each DEALER is opened).
+//! - `p2p-progress`: a peer's manager tick never takes longer than [`MAX_TICK`]: sends never
+//!   wait, so a longer tick blocked and starved every other session (race `p2p-hwm`).
+//! - `p2p-dial-non-peer`: no peer opens a connection to an address that is not a peer of
+//!   the world because an inbound message named it (checked as each DEALER is opened).
 
 mod ledger;
 mod peer;
@@ -24,7 +28,7 @@ use ctlplane_core::p2p::T0Switches;
 use crate::topology::Topology;
 
 pub use ledger::LIVENESS_WINDOW;
-pub use peer::{peer_id, PeerConfig, PeerSettings, HEARTBEAT_TTL, MAX_SOCKETS, PORT};
+pub use peer::{peer_id, PeerConfig, PeerSettings, HEARTBEAT_TTL, MAX_SOCKETS, MAX_TICK, PORT};
 
 /// How long the world needs, after the last fault heals, before [`check_liveness`] can
 /// hold. W1 sends a Connect once per session, so a lost Connect or Ack is recovered only

@@ -1,8 +1,8 @@
 //! What the `reservation-released` oracle needs beyond a rank's book: which cancels each
 //! rank took, and which abandons each producer sent, so that a reservation left behind can
-//! be told apart from the leaks the spec documents.
+//! be told apart from the leaks the behaviour reference documents.
 //!
-//! Two properties of the spec (`ec-control.md` S10, S13, S16, section 3.5):
+//! Two properties of the behaviour reference (ec-behaviour.md S10, S13, S16, §3.5):
 //!
 //! - **Cancelled stays cancelled.** A cancel a rank took for a transfer it holds nothing
 //!   live for leaves a tombstone, and a later reserve of that transfer answers `cancelled`.
@@ -92,7 +92,7 @@ pub fn note_handled(host: &str, incarnation: u32, frame: &[u8], shard: &Shard) {
         }
         let Some(tid) = v.get("transfer_id").and_then(Value::as_str) else { return };
         // An abandon naming one reservation that leaves the record EXPIRED was rejected
-        // (spec 3.5 rules 1 and 8: that reservation was refreshed away or timed out) and
+        // (ec-behaviour.md §3.5 rules 1 and 8: that reservation was refreshed away or timed out) and
         // released nothing: the next reserve replaces the EXPIRED record by design (3.3
         // rule 3), e.g. a second push of the transfer re-reserving after its refresh.
         let named = v.get("reservation_id").and_then(Value::as_str).is_some_and(|r| !r.is_empty());
@@ -133,7 +133,7 @@ pub fn never_abandoned(host: &str, tid: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ctlplane_core::ec::producer::{cancel_request, reserve_batch_request, reserve_request, PushItem};
+    use ctlplane_core::ec::producer::{make_cancel_request, reserve_batch_request, reserve_request, PushItem};
 
     fn item(t: &str) -> PushItem {
         PushItem { transfer_id: t.into(), mm_hash: "h".into(), nbytes: 16, shape: vec![2, 4], dtype: "float16".into() }
@@ -147,12 +147,12 @@ mod tests {
         assert_eq!(reserved_ids(&op, &v), vec!["a".to_string()]);
         let (op, v) = decode(&reserve_batch_request([&item("a"), &item("b")])).expect("a batch");
         assert_eq!(reserved_ids(&op, &v), vec!["a".to_string(), "b".to_string()]);
-        let abandon = cancel_request("a", "", true, false);
+        let abandon = make_cancel_request("a", "", true, false);
         assert!(abandon.windows(9).any(|w| w == b"\"abandon\""));
         let (op, v) = decode(&abandon).expect("a cancel");
         assert_eq!(op, "cancel");
         assert!(flag(&v, "abandon") && !flag(&v, "refresh"));
-        let (_, plain) = decode(&cancel_request("a", "", false, false)).expect("a cancel");
+        let (_, plain) = decode(&make_cancel_request("a", "", false, false)).expect("a cancel");
         assert!(!flag(&plain, "abandon"));
         assert!(reserved_ids("cancel", &plain).is_empty());
         assert!(decode(b"{not json").is_none());

@@ -52,6 +52,9 @@ pub enum Bias {
     ReplaceRace,
     /// A P2P peer's application names hundreds of peers where nothing listens.
     PeerFlood,
+    /// A P2P peer sends another one message whose routing identity names some other host
+    /// of the world (`FaultKind::ForgedIdentity`).
+    ForgedIdentity,
     /// A P2P peer restarts while partitioned from the other (its FIN is lost), and the
     /// partition heals within the heartbeat timeout: the other side's ROUTER still holds
     /// the old incarnation's identity when the new one connects.
@@ -67,6 +70,9 @@ pub enum Bias {
     SchedulerDiscovery,
     /// The producer's first `peers` reply lost (`ec-s8`).
     ProducerDiscovery,
+    /// A P2P peer stops reading for a while and the others send it more requests than
+    /// the DEALER high-water mark lets queue (`p2p-hwm`).
+    StopReading,
     /// Completions that fail fast on one rank while the other rank's are still in flight
     /// (`ec-s17`): replies from one rank lost for a while, and a burst of undecodable frames
     /// from the producer to the other rank at the same moment.
@@ -100,6 +106,8 @@ pub fn bias_of(scenario: &str) -> Bias {
         "p2p-s1" | "p2p-s4" => Bias::P2pProtocolError,
         "p2p-s2" | "p2p-s6" => Bias::ReplaceRace,
         "p2p-s10" => Bias::PeerFlood,
+        "p2p-hwm" => Bias::StopReading,
+        "p2p-s18" => Bias::ForgedIdentity,
         "ec-s13" => Bias::LostRequests,
         "ec-s2" => Bias::ReapStall,
         "ec-s4" => Bias::EventsUndrained,
@@ -113,7 +121,7 @@ pub fn bias_of(scenario: &str) -> Bias {
 pub fn knobs_of(scenario: &str) -> Knobs {
     let mut k = Knobs::default();
     match scenario {
-        // A scheduler that gives up before the producer's control timeout (spec S15's
+        // A scheduler that gives up before the producer's control timeout (ec-behaviour.md S15's
         // deployment waited 20 s), so its cancel can overtake a reserve stuck behind one.
         "ec-s13" => k.push_wait_timeout = Some(S13_PUSH_WAIT),
         "ec-s11" => k = knobs_s11(),
@@ -134,6 +142,11 @@ pub fn knobs_of(scenario: &str) -> Knobs {
     }
     k
 }
+
+/// P2P HWM: requests each peer sends a peer that stopped reading.
+const STOP_READING_BURST: u32 = 3_000;
+/// P2P S18: the port a forged identity names (nothing listens there).
+const FORGED_PORT: u16 = 22;
 
 /// EC S17: the producer's REQ sockets per shard address.
 const EC_S17_SOCKETS: usize = 4;
@@ -177,7 +190,7 @@ fn knobs_s14() -> Knobs {
 }
 
 /// EC S12b: a proxy retries every encoder call on the other producer with the same
-/// transfer ids (spec S24) 0.1 to 0.5 s after the first, while both encoders are slow:
+/// transfer ids (ec-behaviour.md S24) 0.1 to 0.5 s after the first, while both encoders are slow:
 /// the first finishes 145 to 145.5 s after its push reserved (short of the 150 s refresh
 /// age, so it writes into its own reservation), the retried one 150 to 150.5 s after its
 /// own, so it refreshes the reservation it holds as a duplicate and re-reserves, always
@@ -214,7 +227,7 @@ fn knobs_s12b() -> Knobs {
 
 /// EC S11: the consumer gives up on an item while its write is still in flight. Writes
 /// take 3 to 8 s (a congested data plane: longer than the 2 s grace), encoders up to 25 s,
-/// and the scheduler waits 20 s (the production setting of spec S15), so many requests
+/// and the scheduler waits 20 s (the production setting of ec-behaviour.md S15), so many requests
 /// time out and cancel their items while the producer is writing them.
 fn knobs_s11() -> Knobs {
     let mut k = Knobs::default();
@@ -252,11 +265,14 @@ pub fn resolve(name: &str) -> Option<Resolved> {
     })
 }
 
-/// The topology a race scenario runs on: [`RACE_TOPOLOGY`], or one with a second
-/// producer where the race needs two pushes of one transfer id.
+/// The topology a race scenario runs on: [`RACE_TOPOLOGY`], one with a second producer
+/// where the race needs two pushes of one transfer id, or `full` where it needs more than
+/// two P2P peers.
 fn topology_of(scenario: &str) -> &'static str {
     match scenario {
         "ec-s12b" => "small-2p",
+        // A stall shows on the sessions with the other peers: more than two peers.
+        "p2p-hwm" => "full",
         _ => RACE_TOPOLOGY,
     }
 }
@@ -367,6 +383,20 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
             Bias::PeerFlood => {
                 let Some(host) = pick(&mut rng, peers) else { return };
                 FaultKind::PeerFlood { host, count: rng.gen_range(360..=480) }
+            }
+            Bias::StopReading => {
+                let Some(host) = pick(&mut rng, peers) else { return };
+                // Shorter than the heartbeat timeout, so the stopped peer's links stay up;
+                // the burst is more than SNDHWM plus the peer's RCVHWM and the TCP credit.
+                FaultKind::StopReading { host, for_ms: rng.gen_range(4_000..=8_000), burst: STOP_READING_BURST }
+            }
+            Bias::ForgedIdentity => {
+                let Some(from) = pick(&mut rng, peers) else { return };
+                let others: Vec<String> = peers.iter().filter(|p| **p != from).cloned().collect();
+                let Some(to) = pick(&mut rng, &others) else { return };
+                let targets: Vec<String> = topo.hosts().into_iter().filter(|h| *h != from).collect();
+                let Some(target) = pick(&mut rng, &targets) else { return };
+                FaultKind::ForgedIdentity { from, to, claims: format!("{target}:{FORGED_PORT}") }
             }
             Bias::SilentRestart => {
                 let Some(host) = pick(&mut rng, peers) else { return };

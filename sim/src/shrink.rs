@@ -126,7 +126,8 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
         | FaultKind::OneWay { for_ms, .. }
         | FaultKind::Hold { for_ms, .. }
         | FaultKind::LongPartition { for_ms, .. }
-        | FaultKind::SlowHandler { for_ms, .. } => *for_ms = half(*for_ms)?,
+        | FaultKind::SlowHandler { for_ms, .. }
+        | FaultKind::StopReading { for_ms, .. } => *for_ms = half(*for_ms)?,
         FaultKind::Crash { down_ms, .. } => *down_ms = half(*down_ms)?,
         FaultKind::Malformed { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
         FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => match (half(*partition_ms), half(*gap_ms)) {
@@ -135,7 +136,7 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
             (None, None) => return None,
         },
         FaultKind::PeerFlood { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
-        FaultKind::ReplaceRace { .. } => return None,
+        FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } => return None,
     }
     Some(k)
 }

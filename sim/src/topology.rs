@@ -3,7 +3,7 @@
 //! A consumer replica is one *logical* host (`consumer0`) whose TP ranks are separate
 //! turmoil hosts (`consumer0-r0`, `consumer0-r1`, ...), so that one rank can crash, stall or
 //! be partitioned on its own. On the wire every rank shares the replica's address, as in
-//! production (spec 1.2: the ranks bind `ec_ip : control_port + r`, and discovery keeps the
+//! production (ec-behaviour.md §1.2: the ranks bind `ec_ip : control_port + r`, and discovery keeps the
 //! host part of the base address), so a host turns a logical endpoint into the rank host
 //! serving it with [`Topology::resolve`] before it connects.
 
@@ -88,7 +88,7 @@ impl Topology {
     }
 
     /// [`Self::small`] with a second producer: a retried encoder call can run on another
-    /// encoder than the first (spec S24's client-supplied transfer ids).
+    /// encoder than the first (ec-behaviour.md S24's client-supplied transfer ids).
     pub fn small_two_producers() -> Self {
         Topology { producers: names("producer", 2), ..Self::small() }
     }

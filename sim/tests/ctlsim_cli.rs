@@ -123,3 +123,51 @@ fn a_sweep_summarises_and_its_exit_code_says_whether_any_oracle_fired() {
     assert_eq!(o.status.code(), Some(if failed == 0 { 0 } else { 1 }), "{out}");
     assert_eq!(out.matches("  replay: ctlsim replay --seed ").count(), failed, "{out}");
 }
+
+/// The lines of a summary that do not depend on timing.
+fn verdict_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| !["simulated", "cpu", "wall", "compression"].iter().any(|p| l.starts_with(p)))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn shard_result_files_merge_into_the_summary_of_one_sweep() {
+    let whole = ctlsim(&["sweep", "--seeds", "0..6", "--scenario", "small", "--jobs", "2"]);
+    let (a, b) = (temp("shard-0.jsonl"), temp("shard-1.jsonl"));
+    for (i, path) in [(0, &a), (1, &b)] {
+        let shard = format!("{i}/2");
+        let path_s = path.to_str().expect("utf8 path");
+        let o = ctlsim(&["sweep", "--seeds", "0..6", "--scenario", "small", "--shard", &shard, "--json", path_s]);
+        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&o.stderr));
+        let lines = std::fs::read_to_string(path).expect("results written");
+        assert_eq!(lines.lines().count(), 3, "one line per seed of the shard: {lines}");
+    }
+    // A retried shard's file given twice is merged once.
+    let merged = ctlsim(&["report", a.to_str().expect("utf8"), b.to_str().expect("utf8"), a.to_str().expect("utf8")]);
+    assert_eq!(merged.status.code(), whole.status.code(), "{}", stdout(&merged));
+    assert_eq!(verdict_lines(&stdout(&merged)), verdict_lines(&stdout(&whole)));
+    assert!(stdout(&merged).contains("seeds           6 ("), "{}", stdout(&merged));
+}
+
+#[test]
+fn report_refuses_a_malformed_line_and_a_seed_that_replayed_differently() {
+    let path = temp("bad.jsonl");
+    std::fs::write(&path, "{\"seed\": 1}\n").expect("write");
+    let o = ctlsim(&["report", path.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bad.jsonl:1"), "{}", String::from_utf8_lossy(&o.stderr));
+    let line = |hash: &str| {
+        format!("{{\"seed\":3,\"scenario\":\"small\",\"verdict\":\"pass\",\"hash\":\"{hash}\",\"sim_s\":1.0,\"cpu_s\":0.1}}\n")
+    };
+    std::fs::write(&path, line("aa") + &line("bb")).expect("write");
+    let o = ctlsim(&["report", path.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("seed 3 (small) appears twice"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(ctlsim(&["report", "/nonexistent/results.jsonl"]).status.code(), Some(2));
+}

@@ -35,6 +35,18 @@ enum Step {
     Monitor(&'static str, u16),
     /// Log the monitor events received so far.
     Events(&'static str),
+    /// Log the distinct monitor events received so far, in numeric order (how often a
+    /// reconnect repeats them depends on timing).
+    EventSet(&'static str),
+    /// A plain TCP listener at slot `n` that accepts connections and closes them at once,
+    /// before any greeting.
+    RawAcceptClose(usize),
+    /// Non-blocking sends of messages of this many bytes until EAGAIN, then a pause, again
+    /// and again: logs "stuck" once a send right after a pause is EAGAIN (the peer stopped
+    /// reading and everything between is full), "never stuck" otherwise.
+    FillUntilStuck(&'static str, usize),
+    /// Non-blocking receives until EAGAIN; logs whether any message came.
+    DrainSome(&'static str),
 }
 
 /// The options scenarios set (everything else is the default).
@@ -44,6 +56,19 @@ struct Opts {
     sndhwm: Option<usize>,
     immediate: bool,
     mandatory: bool,
+    /// LINGER in ms (0 unless set).
+    linger_ms: Option<u64>,
+    rcvhwm: Option<usize>,
+}
+
+/// Fill rounds before `FillUntilStuck` gives up.
+const FILL_ROUNDS: usize = 500;
+/// Pause between fill rounds, ms.
+const FILL_PAUSE_MS: u64 = 20;
+
+fn distinct(events: &[u16]) -> String {
+    let set: std::collections::BTreeSet<u16> = events.iter().copied().collect();
+    set.iter().map(u16::to_string).collect::<Vec<_>>().join(" ")
 }
 
 fn plain() -> Opts {
@@ -109,7 +134,10 @@ fn run_libzmq(steps: &[Step]) -> Vec<String> {
         match step {
             Step::Socket(name, kind, o) => {
                 let s = ctx.socket(zmq_kind(*kind)).expect("socket");
-                s.set_linger(0).expect("linger");
+                s.set_linger(o.linger_ms.unwrap_or(0) as i32).expect("linger");
+                if let Some(h) = o.rcvhwm {
+                    s.set_rcvhwm(h as i32).expect("rcvhwm");
+                }
                 if let Some(rid) = o.routing_id {
                     s.set_identity(rid.as_bytes()).expect("identity");
                 }
@@ -170,6 +198,47 @@ fn run_libzmq(steps: &[Step]) -> Vec<String> {
                 }
                 log.push(format!("events {name}: {}", got.join(" ")));
             }
+            Step::EventSet(name) => {
+                let mut got = Vec::new();
+                while let Ok(m) = monitors[name].recv_multipart(zmq::DONTWAIT) {
+                    if let Some((event, _, _)) = monitor::decode(&m) {
+                        got.push(event);
+                    }
+                }
+                log.push(format!("events {name}: {}", distinct(&got)));
+            }
+            Step::RawAcceptClose(slot) => {
+                let listener = std::net::TcpListener::bind(("127.0.0.1", ports[*slot])).expect("raw listener");
+                std::thread::spawn(move || {
+                    for stream in listener.incoming() {
+                        drop(stream);
+                    }
+                });
+            }
+            Step::FillUntilStuck(name, bytes) => {
+                let s = &sockets[name];
+                let body = vec![b'x'; *bytes];
+                let mut stuck = false;
+                for _ in 0..FILL_ROUNDS {
+                    let mut sent = 0;
+                    while s.send(&body, zmq::DONTWAIT).is_ok() {
+                        sent += 1;
+                    }
+                    if sent == 0 {
+                        stuck = true;
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(FILL_PAUSE_MS));
+                }
+                log.push(format!("fill {name}: {}", if stuck { "stuck" } else { "never stuck" }));
+            }
+            Step::DrainSome(name) => {
+                let mut n = 0;
+                while sockets[name].recv_multipart(zmq::DONTWAIT).is_ok() {
+                    n += 1;
+                }
+                log.push(format!("drain {name}: {}", if n > 0 { "some" } else { "none" }));
+            }
         }
     }
     log
@@ -211,7 +280,8 @@ fn run_model(steps: &[Step]) -> Vec<String> {
                         sndhwm: o.sndhwm.unwrap_or(1000),
                         immediate: o.immediate,
                         router_mandatory: o.mandatory,
-                        linger: Duration::ZERO,
+                        linger: Duration::from_millis(o.linger_ms.unwrap_or(0)),
+                        rcvhwm: o.rcvhwm.unwrap_or(1000),
                         ..SocketOptions::default()
                     };
                     sockets.insert(name, model::Socket::new(&ctx, *kind, opts));
@@ -266,6 +336,46 @@ fn run_model(steps: &[Step]) -> Vec<String> {
                         }
                     }
                     log.push(format!("events {name}: {}", got.join(" ")));
+                }
+                Step::EventSet(name) => {
+                    let mut got = Vec::new();
+                    while let Ok(m) = monitors[name].try_recv() {
+                        if let Some((event, _, _)) = monitor::decode(&m) {
+                            got.push(event);
+                        }
+                    }
+                    log.push(format!("events {name}: {}", distinct(&got)));
+                }
+                Step::RawAcceptClose(slot) => {
+                    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", port(*slot))).await?;
+                    tokio::task::spawn_local(async move {
+                        while let Ok((stream, _)) = listener.accept().await {
+                            drop(stream);
+                        }
+                    });
+                }
+                Step::FillUntilStuck(name, bytes) => {
+                    let s = &sockets[name];
+                    let mut stuck = false;
+                    for _ in 0..FILL_ROUNDS {
+                        let mut sent = 0;
+                        while s.try_send(vec![vec![b'x'; *bytes]]).is_ok() {
+                            sent += 1;
+                        }
+                        if sent == 0 {
+                            stuck = true;
+                            break;
+                        }
+                        clock::sleep(Duration::from_millis(FILL_PAUSE_MS)).await;
+                    }
+                    log.push(format!("fill {name}: {}", if stuck { "stuck" } else { "never stuck" }));
+                }
+                Step::DrainSome(name) => {
+                    let mut n = 0;
+                    while sockets[name].try_recv().is_ok() {
+                        n += 1;
+                    }
+                    log.push(format!("drain {name}: {}", if n > 0 { "some" } else { "none" }));
                 }
             }
         }
@@ -532,4 +642,88 @@ fn monitor_event_sequences_of_both_ends() {
         Events("router"),
     ]);
     assert_eq!(log[0], "events router: 8 32 4096");
+}
+
+// What the P2P transport relies on since vLLM 0.33 (`docs/p2p-behaviour.md`).
+
+#[test]
+fn a_peer_that_stops_reading_fills_the_pipe_to_eagain_and_room_returns_when_it_reads() {
+    let log = differential(&[
+        Socket("router", Router, Opts { rcvhwm: Some(10), ..plain() }),
+        Socket("dealer", Dealer, Opts { sndhwm: Some(10), ..id("s") }),
+        Bind("router", 0),
+        Connect("dealer", 0),
+        Wait(100),
+        FillUntilStuck("dealer", 64 * 1024),
+        DrainSome("router"),
+        Wait(200),
+        TrySend("dealer", &["again"]),
+    ]);
+    assert_eq!(log, vec!["fill dealer: stuck", "drain router: some", "send dealer: ok"]);
+}
+
+/// A closed DEALER with a 500 ms linger keeps trying to deliver what it queued: a ROUTER
+/// bound within the linger sees it connect, hand its messages over and go; one bound after
+/// sees nothing. (What the ROUTER can still read once the link is gone is where the model
+/// differs, see `ctlplane_sim::zmq`; the connection itself is the observation here.)
+#[test]
+fn close_linger_keeps_delivering_for_the_linger_time_only() {
+    let within = format!(
+        "events router: {} {} {} {}",
+        monitor::LISTENING,
+        monitor::ACCEPTED,
+        monitor::DISCONNECTED,
+        monitor::HANDSHAKE_SUCCEEDED
+    );
+    let after = format!("events router: {}", monitor::LISTENING);
+    for (wait, want) in [(100, within), (900, after)] {
+        let log = differential(&[
+            Socket("dealer", Dealer, Opts { linger_ms: Some(500), ..id("q") }),
+            Connect("dealer", 0),
+            TrySend("dealer", &["m0"]),
+            TrySend("dealer", &["m1"]),
+            TrySend("dealer", &["m2"]),
+            Close("dealer"),
+            Wait(wait),
+            Socket("router", Router, plain()),
+            Monitor("router", monitor::ALL),
+            Bind("router", 0),
+            Wait(500),
+            EventSet("router"),
+        ]);
+        assert_eq!(log.last(), Some(&want), "bound {wait} ms after close");
+    }
+}
+
+/// The events the P2P transport treats as fatal.
+const FATAL: u16 = monitor::DISCONNECTED
+    | monitor::CLOSED
+    | monitor::HANDSHAKE_FAILED_NO_DETAIL
+    | monitor::HANDSHAKE_FAILED_PROTOCOL
+    | monitor::HANDSHAKE_FAILED_AUTH;
+
+#[test]
+fn a_refused_connect_fires_closed() {
+    let log = differential(&[
+        Socket("dealer", Dealer, id("d")),
+        Monitor("dealer", FATAL),
+        Connect("dealer", 0),
+        Wait(250),
+        EventSet("dealer"),
+    ]);
+    assert_eq!(log, vec![format!("events dealer: {}", monitor::CLOSED)]);
+}
+
+#[test]
+fn a_link_lost_before_the_greeting_fires_handshake_failed_then_disconnected() {
+    let log = differential(&[
+        RawAcceptClose(0),
+        Socket("dealer", Dealer, id("d")),
+        Monitor("dealer", FATAL | monitor::HANDSHAKE_SUCCEEDED),
+        Connect("dealer", 0),
+        Wait(250),
+        EventSet("dealer"),
+    ]);
+    let want = format!("events dealer: {} {}", monitor::DISCONNECTED, monitor::HANDSHAKE_FAILED_NO_DETAIL);
+    assert_eq!(log, vec![want]);
 }

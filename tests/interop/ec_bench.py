@@ -8,8 +8,8 @@ reference ConsumerControlServer backed by ToyReservations, serving on a thread o
 same process over loopback TCP. This is the Python twin of
 `zmq-backend/examples/reserve_roundtrip.rs`; count it with
 
-    valgrind --tool=callgrind .venv-interop/bin/python tests/interop/ec_bench.py reserve 200
-    valgrind --tool=callgrind .venv-interop/bin/python tests/interop/ec_bench.py reserve 400
+    valgrind --tool=callgrind .venv/bin/python tests/interop/ec_bench.py reserve 200
+    valgrind --tool=callgrind .venv/bin/python tests/interop/ec_bench.py reserve 400
 
 and take (I(400) - I(200)) / 200, which cancels interpreter start-up and imports.
 """

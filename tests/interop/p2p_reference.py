@@ -3,7 +3,7 @@
 `ZmqTransport` / `ZmqConnection` follow vLLM's KV-tiering `control/zmq.py` at the T1
 lineage (merged #49823) line for line: one ROUTER, one DEALER per peer with a monitor PAIR,
 heartbeat options, sweep-first `poll`, `msgspec.msgpack` frames. `HandshakeSession` is the
-W1 session's handshake only (spec 2.3): each side announces itself with a Connect, a valid
+W1 session's handshake only (p2p-behaviour.md §2.3): each side announces itself with a Connect, a valid
 Connect is answered with a ConnectAck, and the session is ready on the peer's Ack.
 """
 
@@ -205,7 +205,7 @@ class ZmqTransport:
                 conn.mark_dead()
 
 
-# --- W1 session handshake (spec 2.1-2.3) -------------------------------------------------
+# --- W1 session handshake (p2p-behaviour.md §2.1-2.3) -------------------------------------------------
 
 TYPE_KEY = "type"
 

@@ -1,9 +1,9 @@
-//! Golden wire frames of the EC control channel (spec 2.1-2.4).
+//! Golden wire frames of the EC control channel (ec-behaviour.md §2.1-2.4).
 //!
 //! Requests are written byte for byte as pyzmq's `send_json` writes them (`json.dumps`
 //! defaults: `", "` and `": "` separators, `ensure_ascii=True`, so non-ASCII travels as
 //! `\uXXXX`, surrogate pairs above the BMP). Replies and events must be byte-identical to
-//! what the reference's `send_json` would write for its reply dict, keys in the spec's
+//! what the reference's `send_json` would write for its reply dict, keys in the behaviour reference's
 //! order. Every expectation below is written out by hand; only reservation ids (minted
 //! from the seeded RNG) are read back from the replies.
 //!
@@ -23,7 +23,7 @@ use std::time::Duration;
 type Shard = ConsumerShard<ChaCha8Rng>;
 
 const PORT: u16 = 19020;
-/// The slab base of the spec's example reply (`dst_ptr` of the first allocation).
+/// The slab base of the behaviour reference's example reply (`dst_ptr` of the first allocation).
 const BASE: u64 = 140213339553792;
 const SESSION: &str = "10.0.0.5:15417";
 
@@ -274,7 +274,7 @@ fn scenario_cancel(s: &mut Session) {
         r#"{"op": "reserve", "transfer_id": "t6", "mm_hash": "h6", "nbytes": 64, "shape": [32], "dtype": "float16"}"#,
         r#"{"ok": true, "result": {"reservation_id": "", "dst_session": "", "dst_ptr": 0, "nbytes": 64, "write": false, "ready": false, "cancelled": true}}"#,
     );
-    // The spec's example.
+    // The behaviour reference's example.
     s.expect(r#"{"op": "cancel", "transfer_id": "t1", "reservation_id": "r0", "abandon": true}"#, CANCELLED_TRUE);
 
     // Stale refresh: abandon + refresh expires the writer; the re-reserve gets a new id and
@@ -380,6 +380,110 @@ fn scenario_errors(s: &mut Session) {
     assert_eq!(fresh, ok(&granted(&rid2, 140213339553792, 8, true, false, false)));
 }
 
+/// A reserve request frame of `dtype` in the clients' layout.
+fn reserve_frame(tid: &str, hash: &str, nbytes: &str, shape: &str, dtype: &str) -> String {
+    format!(
+        r#"{{"op": "reserve", "transfer_id": "{tid}", "mm_hash": "{hash}", "nbytes": {nbytes}, "shape": {shape}, "dtype": "{dtype}"}}"#
+    )
+}
+
+fn err(text: &str) -> String {
+    format!(r#"{{"ok": false, "error": "{text}"}}"#)
+}
+
+/// The classes where vLLM 0.33.0's consumer answers differently from the seed's
+/// (docs/ec-behaviour.md, "Parity with vLLM 0.33.0"), one golden exchange each.
+fn scenario_v033_classes(s: &mut Session) {
+    // 1. torch's whole dtype table.
+    let r = s.call(&reserve_frame("v1", "h1", "16", "[16]", "float8_e8m0fnu"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), BASE, 16, true, false, false)));
+    let r = s.call(&reserve_frame("v2", "h2", "4", "[4]", "float4_e2m1fn_x2"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), BASE + 256, 4, true, false, false)));
+    // 2. Names are compared as names, and echoed as spelled.
+    let r = s.call(&reserve_frame("v3", "m1", "32", "[2]", "complex128"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), BASE + 512, 32, true, false, false)));
+    s.expect(&reserve_frame("v4", "m1", "32", "[2]", "cdouble"), &err("conflicting in-flight tensor for mm_hash"));
+    let r = s.call(&reserve_frame("v5", "h5", "16", "[4]", "int"));
+    let rid5 = rid_of(&r);
+    assert_eq!(r, ok(&granted(&rid5, BASE + 768, 16, true, false, false)));
+    let status = format!(
+        r#"{{"mm_hash": "h5", "ready": false, "reservation_id": "{rid5}", "nbytes": 16, "shape": [4], "dtype": "int"}}"#
+    );
+    s.expect(r#"{"op": "status", "transfer_id": "v5"}"#, &ok(&status));
+    s.expect(
+        &format!(r#"{{"op": "complete", "transfer_id": "v5", "reservation_id": "{rid5}"}}"#),
+        &complete_reply(true, true),
+    );
+    assert_eq!(
+        s.events(),
+        [format!(
+            r#"{{"transfer_id": "v5", "mm_hash": "h5", "ready": true, "reservation_id": "{rid5}", "nbytes": 16, "shape": [4], "dtype": "int", "shard": {PORT}}}"#
+        )]
+    );
+    // 3. An empty tensor: null pointer, no pool space, later offsets do not drift.
+    let r = s.call(&reserve_frame("v6", "h6", "0", "[0, 8]", "float32"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), 0, 0, true, false, false)));
+    let r = s.call(&reserve_frame("v7", "h7", "16", "[16]", "uint8"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), BASE + 1024, 16, true, false, false)));
+    // 4. Python iterates whatever it is given.
+    s.expect(r#"{"op": "reserve_batch", "items": ""}"#, &ok(r#"{"items": []}"#));
+    s.expect(
+        r#"{"op": "reserve_batch", "items": {"transfer_id": "x"}}"#,
+        &ok(r#"{"items": [{"ok": false, "error": "string indices must be integers, not 'str'"}]}"#),
+    );
+    let r = s.call(&reserve_frame("v8", "h8", "2704", r#"{"676": 0, "1": 0, "4": 0}"#, "uint8"));
+    let rid8 = rid_of(&r);
+    assert_eq!(r, ok(&granted(&rid8, BASE + 1280, 2704, true, false, false)));
+    s.expect(
+        r#"{"op": "status", "transfer_id": "v8"}"#,
+        &ok(&format!(
+            r#"{{"mm_hash": "h8", "ready": false, "reservation_id": "{rid8}", "nbytes": 2704, "shape": [676, 1, 4], "dtype": "uint8"}}"#
+        )),
+    );
+    s.expect(r#"{"op": "complete_batch", "items": "ab"}"#, &err("string indices must be integers, not 'str'"));
+    s.expect(&reserve_frame("v8", "h8", "8", "8", "uint8"), &err("'int' object is not iterable"));
+    // 5. Negative sizes fail where torch carves the view; nothing is allocated.
+    s.expect(&reserve_frame("v9", "h9", "-3", "[-3]", "uint8"), &err("narrow(): length must be non-negative."));
+    s.expect(&reserve_frame("v9", "h9", "4", "[-2, -2]", "uint8"), &err("invalid shape dimension -2"));
+    let r = s.call(&reserve_frame("v10", "h10", "16", "[16]", "uint8"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), BASE + 4096, 16, true, false, false)), "no region leaked");
+    s.expect(r#"{"op": "cancel", "transfer_id": "v11", "reservation_id": ""}"#, CANCELLED_TRUE);
+    s.expect(
+        &reserve_frame("v11", "h11", "-3", "[-3]", "uint8"),
+        r#"{"ok": true, "result": {"reservation_id": "", "dst_session": "", "dst_ptr": 0, "nbytes": -3, "write": false, "ready": false, "cancelled": true}}"#,
+    );
+    // 6. What json.loads accepts: NaN, deep nesting.
+    s.expect(r#"{"op": "status", "transfer_id": NaN}"#, NULL);
+    s.expect(r#"{"op": "status", "transfer_id": -Infinity}"#, NULL);
+    let arrays = format!("{}{}", "[".repeat(150), "]".repeat(150));
+    s.expect_hostile(&arrays, &err("'list' object has no attribute 'get'"));
+    let objects = format!("{}0{}", r#"{"a": "#.repeat(150), "}".repeat(150));
+    s.expect_hostile(&objects, &err("unknown control op: None"));
+    // 7. Python's int: its digit limit, and digits of any script.
+    let long = format!(r#"{{"op": "status", "transfer_id": {}}}"#, "7".repeat(4301));
+    s.expect_hostile(&long, &err("malformed control request"));
+    s.expect(&format!(r#"{{"op": "status", "transfer_id": {}}}"#, "7".repeat(4300)), NULL);
+    let r = s.call(&reserve_frame("v12", "h12", r#""\u0665\u0663\u0660""#, "[530]", "uint8"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), BASE + 4352, 530, true, false, false)));
+    // A cancel queues no readiness event, whatever it frees.
+    let r = s.call(&reserve_frame("v13", "h13", "8", "[8]", "uint8"));
+    let rid13 = rid_of(&r);
+    assert_eq!(r, ok(&granted(&rid13, BASE + 5120, 8, true, false, false)));
+    let r = s.call(&reserve_frame("v14", "h13", "8", "[8]", "uint8"));
+    assert_eq!(r, ok(&granted(&rid_of(&r), BASE + 5120, 8, false, false, false)));
+    s.expect(
+        &format!(r#"{{"op": "cancel", "transfer_id": "v13", "reservation_id": "{rid13}", "abandon": true}}"#),
+        CANCELLED_TRUE,
+    );
+    s.expect(r#"{"op": "cancel", "transfer_id": "v14", "reservation_id": ""}"#, CANCELLED_TRUE);
+    assert!(s.events().is_empty(), "0.33.0 queues no event for a cancel");
+}
+
+#[test]
+fn golden_vllm_0_33_classes() {
+    scenario_v033_classes(&mut Session::new());
+}
+
 type Scenario = fn(&mut Session);
 
 const SCENARIOS: &[(&str, Scenario)] = &[
@@ -388,6 +492,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("batches_and_events", scenario_batches_and_events),
     ("cancel", scenario_cancel),
     ("errors", scenario_errors),
+    ("v033_classes", scenario_v033_classes),
 ];
 
 #[test]
@@ -532,7 +637,9 @@ fn python_json_round_trips_every_frame() {
     }
     let count = |kind| frames.iter().filter(|(k, _)| *k == kind).count();
     assert!(count(Kind::Event) >= 6, "the sessions should publish events");
-    assert!(count(Kind::Request) + 2 == count(Kind::Reply), "two hostile requests are not Python frames");
+    // Two hostile requests of the error scenario and three of the 0.33 classes (deep
+    // nesting, an over-long integer) are not frames a Python client writes.
+    assert!(count(Kind::Request) + 5 == count(Kind::Reply), "five hostile requests are not Python frames");
     python_check(&frames);
 }
 

@@ -1,4 +1,4 @@
-//! Hostile input to the consumer control server (spec 2.2, 2.3, S1, S3).
+//! Hostile input to the consumer control server (ec-behaviour.md §2.2, §2.3, S1, S3).
 //!
 //! [`rows`] is a table: one request frame per row, the exact reply the Python reference
 //! gives it (control.py's dispatch plus the worker's coercions, `str(exc)` as error text),
@@ -13,7 +13,7 @@
 //! from it, and [`docs_table_matches_the_rows`] fails when the two drift apart. Regenerate
 //! with `CTLPLANE_BLESS_DOCS=1 cargo test -p ctlplane-tests --test ec_hostile_input`.
 //!
-//! Where the reference's text is unknown (its worker code is not part of the spec) or
+//! Where the reference's text is unknown (its worker code is not part of the behaviour reference) or
 //! ctlplane deliberately differs (docs/ec-behaviour.md), the row asserts ctlplane's text
 //! and its "reference" column says so.
 
@@ -181,7 +181,7 @@ enum Effect {
 /// Where the expected reply comes from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Source {
-    /// The reference: control.py (spec 2.2-2.3) and Python's `str(exc)`.
+    /// The reference: control.py (ec-behaviour.md §2.2-2.3) and Python's `str(exc)`.
     Reference,
     /// ctlplane's own answer where the reference's is unspecified or where ctlplane
     /// deliberately differs (docs/ec-behaviour.md); the text says what the reference does.
@@ -291,7 +291,10 @@ fn big_batch(op: &str, n: usize) -> String {
     out
 }
 
-const NEGATIVE: &str = "the reference's text is unspecified (docs/ec-behaviour.md, negative sizes)";
+/// 0.33.0's text where a negative length reaches `narrow()`.
+const NARROW: &str = "narrow(): length must be non-negative.";
+const LEAK: &str = "the reference answers the same after allocating a 256-byte region it never frees; ctlplane allocates nothing (docs/ec-behaviour.md)";
+const CORRUPT: &str = "the reference answers the same after handing its allocator a negative size, which corrupts the free list; ctlplane allocates nothing (docs/ec-behaviour.md)";
 const WORKER_TEXT: &str = "the reference worker's text is unspecified; a subscript of the item is assumed";
 const NO_LIMIT: &str = "the reference has no limit and processes every item (docs/ec-behaviour.md, batch size)";
 
@@ -324,7 +327,7 @@ fn rows() -> Vec<Row> {
     let limit = DEFAULT_MAX_BATCH_ITEMS;
     let cmpl_false = r#"{"ok": true, "result": {"completed": false, "became_ready": false}}"#;
     let mut rows = vec![
-        // --- frames that do not decode (spec 2.2, S1) ---------------------------------
+        // --- frames that do not decode (ec-behaviour.md §2.2, S1) ---------------------------------
         malformed("invalid-utf8", &b"\xff\xfe{\"op\": \"peers\"}"[..]).shown("bytes `ff fe` + `{\"op\": \"peers\"}`"),
         malformed("truncated-utf8", &b"{\"op\": \"peers\xc3\"}"[..]).shown("`{\"op\": \"peers` + byte `c3` + `\"}`"),
         malformed("empty-frame", "").shown("empty frame (0 bytes)"),
@@ -338,16 +341,24 @@ fn rows() -> Vec<Row> {
         malformed("single-quotes", "{'op': 'peers'}"),
         malformed("deep-array-nesting", "[".repeat(100_000)).shown("100 000 × `[`"),
         malformed("deep-object-nesting", r#"{"a": "#.repeat(100_000)).shown("100 000 × `{\"a\": `"),
-        malformed(
+        reply(
             "nesting-200-in-ignored-field",
             format!(r#"{{"op": "peers", "x": {}{}}}"#, "[".repeat(200), "]".repeat(200)),
+            r#"{"ok": true, "result": {"ports": [19020, 19021]}}"#,
         )
-        .shown("`{\"op\": \"peers\", \"x\": [[…]]}` nested 200 deep")
-        .ctlplane("`json.loads` accepts ~1000 levels and the reference serves `peers`; ctlplane stops at 128"),
-        malformed("nan-literal", r#"{"op": "peers", "x": NaN}"#)
-            .ctlplane("`json.loads` accepts `NaN`/`Infinity` and the reference serves `peers`"),
-        malformed("infinity-nbytes", reserve_req(&[("nbytes", "Infinity")], &[]))
-            .ctlplane("the reference answers `cannot convert float infinity to integer`"),
+        .shown("`{\"op\": \"peers\", \"x\": [[…]]}` nested 200 deep"),
+        malformed(
+            "nesting-901-in-ignored-field",
+            format!(r#"{{"op": "peers", "x": {}{}}}"#, "[".repeat(900), "]".repeat(900)),
+        )
+        .shown("`{\"op\": \"peers\", \"x\": [[…]]}` nested 900 deep (901 levels)")
+        .ctlplane("`json.loads` reads up to its recursion limit (about 990 levels) and serves `peers`"),
+        reply("nan-literal", r#"{"op": "peers", "x": NaN}"#, r#"{"ok": true, "result": {"ports": [19020, 19021]}}"#),
+        error(
+            "infinity-nbytes",
+            reserve_req(&[("nbytes", "Infinity")], &[]),
+            "cannot convert float infinity to integer",
+        ),
         // --- JSON that is not an object (S3) -----------------------------------------
         error("list", "[]", "'list' object has no attribute 'get'"),
         error("list-of-request", r#"[{"op": "peers"}]"#, "'list' object has no attribute 'get'"),
@@ -404,8 +415,7 @@ fn rows() -> Vec<Row> {
         error("reserve-nbytes-null", reserve_req(&[("nbytes", "null")], &[]), &int_arg("NoneType")),
         error("reserve-nbytes-list", reserve_req(&[("nbytes", "[16]")], &[]), &int_arg("list")),
         error("reserve-nbytes-object", reserve_req(&[("nbytes", "{}")], &[]), &int_arg("dict")),
-        error("reserve-nbytes-negative", reserve_req(&[("nbytes", "-16")], &[]), "nbytes must be non-negative, got -16")
-            .ctlplane(NEGATIVE),
+        error("reserve-nbytes-negative", reserve_req(&[("nbytes", "-16")], &[]), "shape and dtype do not match nbytes"),
         error("reserve-nbytes-mismatch", reserve_req(&[("nbytes", "17")], &[]), "shape and dtype do not match nbytes"),
         error(
             "reserve-nbytes-huge",
@@ -420,8 +430,10 @@ fn rows() -> Vec<Row> {
             "invalid literal for int() with base 10: 'abc'",
         ),
         error("reserve-shape-entry-null", reserve_req(&[("shape", "[2, null]")], &[]), &int_arg("NoneType")),
-        error("reserve-shape-negative", reserve_req(&[("shape", "[-2, -4]")], &[]), "shape must be non-negative, got -2")
-            .ctlplane(NEGATIVE),
+        error("reserve-shape-negative", reserve_req(&[("shape", "[-2, -4]")], &[]), "invalid shape dimension -2")
+            .ctlplane(LEAK),
+        error("reserve-shape-and-nbytes-negative", reserve_req(&[("shape", "[-8]"), ("nbytes", "-16")], &[]), NARROW)
+            .ctlplane(CORRUPT),
         error("reserve-shape-mismatch", reserve_req(&[("shape", "[2, 5]")], &[]), "shape and dtype do not match nbytes"),
         error(
             "reserve-shape-overflow",
@@ -439,7 +451,7 @@ fn rows() -> Vec<Row> {
             reserve_req(&[("dtype", r#""torch.float16""#)], &[]),
             "Unsupported torch dtype string: 'torch.float16'",
         )
-        .ctlplane("whether the reference's dtype parser accepts a `torch.` prefix is not in the spec"),
+        .ctlplane("whether the reference's dtype parser accepts a `torch.` prefix is not in the behaviour reference"),
         error(
             "reserve-dtype-dtype-mismatch",
             reserve_req(&[("dtype", r#""float32""#)], &[]),
@@ -469,10 +481,12 @@ fn rows() -> Vec<Row> {
         error("reserve_batch-no-items", r#"{"op": "reserve_batch"}"#, "'items'"),
         error("reserve_batch-items-int", r#"{"op": "reserve_batch", "items": 5}"#, &not_iterable("int")),
         error("reserve_batch-items-null", r#"{"op": "reserve_batch", "items": null}"#, &not_iterable("NoneType")),
-        error("reserve_batch-items-string", r#"{"op": "reserve_batch", "items": "x"}"#, &not_iterable("str"))
-            .ctlplane("the reference iterates the string: `ok: true`, one error item per character"),
-        error("reserve_batch-items-object", r#"{"op": "reserve_batch", "items": {}}"#, &not_iterable("dict"))
-            .ctlplane("the reference iterates the keys: `{\"ok\": true, \"result\": {\"items\": []}}`"),
+        reply(
+            "reserve_batch-items-string",
+            r#"{"op": "reserve_batch", "items": "x"}"#,
+            r#"{"ok": true, "result": {"items": [{"ok": false, "error": "string indices must be integers, not 'str'"}]}}"#,
+        ),
+        reply("reserve_batch-items-object", r#"{"op": "reserve_batch", "items": {}}"#, r#"{"ok": true, "result": {"items": []}}"#),
         reply("reserve_batch-empty", r#"{"op": "reserve_batch", "items": []}"#, r#"{"ok": true, "result": {"items": []}}"#),
         reply(
             "reserve_batch-item-int",
@@ -540,8 +554,11 @@ fn rows() -> Vec<Row> {
         error("complete_batch-no-items", r#"{"op": "complete_batch"}"#, "'items'"),
         error("complete_batch-items-int", r#"{"op": "complete_batch", "items": 5}"#, &not_iterable("int")),
         error("complete_batch-items-null", r#"{"op": "complete_batch", "items": null}"#, &not_iterable("NoneType")),
-        error("complete_batch-items-string", r#"{"op": "complete_batch", "items": "x"}"#, &not_iterable("str"))
-            .ctlplane("the reference iterates the string and fails on `'x'['transfer_id']`"),
+        error(
+            "complete_batch-items-string",
+            r#"{"op": "complete_batch", "items": "x"}"#,
+            "string indices must be integers, not 'str'",
+        ),
         reply("complete_batch-empty", r#"{"op": "complete_batch", "items": []}"#, r#"{"ok": true, "result": {"items": []}}"#),
         error("complete_batch-item-int", r#"{"op": "complete_batch", "items": [5]}"#, "'int' object is not subscriptable"),
         error(
@@ -860,10 +877,10 @@ fn batch_limit_is_the_configured_one_and_inclusive() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Spec deviations found in the core (these fail until the core is fixed; see the docs)
+// Deviations from the behaviour reference found in the core (these fail until the core is fixed; see the docs)
 // ---------------------------------------------------------------------------------------
 
-/// Spec 2.1: receivers `json.loads` the frame, which accepts a `\uXXXX` escape of a lone
+/// ec-behaviour.md §2.1: receivers `json.loads` the frame, which accepts a `\uXXXX` escape of a lone
 /// surrogate. The reference answers the status of that (absent) transfer; it does not call
 /// the frame malformed.
 #[test]
@@ -879,7 +896,7 @@ fn lone_surrogate_escapes_decode_like_json_loads() {
     );
 }
 
-/// Spec 2.1/2.3: `json.loads` reads any integer literal (up to 4300 digits) as a Python
+/// ec-behaviour.md §2.1/§2.3: `json.loads` reads any integer literal (up to 4300 digits) as a Python
 /// int, and ids go through `str()`, so transfer id `100000000000000000000` is the string
 /// of those 21 digits, not `'1e+20'`; an integer beyond the f64 range in an ignored field
 /// does not make the request malformed.
@@ -894,7 +911,7 @@ fn integers_beyond_u64_keep_their_digits() {
     assert_eq!(exchange(&mut s, peers.as_bytes()).as_deref(), Ok(PEERS_REPLY));
 }
 
-/// Spec 2.2: error texts are `str(exc)`, and `repr()` escapes characters Python does not
+/// ec-behaviour.md §2.2: error texts are `str(exc)`, and `repr()` escapes characters Python does not
 /// consider printable (here U+00A0 and U+2028) as `\xa0` / `\u2028`.
 #[test]
 fn error_text_repr_escapes_non_printable_characters_like_python() {
@@ -903,7 +920,7 @@ fn error_text_repr_escapes_non_printable_characters_like_python() {
     assert_eq!(exchange(&mut s, br#"{"op": "a\u2028b"}"#), Ok(err_reply(r"unknown control op: 'a\u2028b'")));
 }
 
-/// Spec 2.2/2.3: control.py indexes every `complete_batch` item with `item["transfer_id"]`,
+/// ec-behaviour.md §2.2/§2.3: control.py indexes every `complete_batch` item with `item["transfer_id"]`,
 /// so a list item fails with the text Python's list indexing raises. (A string item gives
 /// `string indices must be integers, not 'str'` on Python 3.11, without the `, not 'str'`
 /// on 3.10, so it is left out.)

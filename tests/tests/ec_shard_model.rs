@@ -1,8 +1,8 @@
-//! Model-based property test of the EC consumer shard (spec sections 2.3, 2.4 and 3).
+//! Model-based property test of the EC consumer shard (ec-behaviour.md §2.3, §2.4 and §3).
 //!
 //! Random operation sequences go through `ConsumerShard::handle_request` as Python-style
 //! JSON frames (plus the model thread's `take`, the encoder cache's `retire`, shutdown,
-//! time jumps and the periodic reap). An independent reference model of the spec predicts
+//! time jumps and the periodic reap). An independent reference model of the behaviour reference predicts
 //! every reply, every readiness event and every slab slot; after every step the
 //! test also checks the book's structural invariants, that memory a remote writer may still
 //! write stays allocated (tracked from the wire replies alone), the tombstone bound and the
@@ -12,7 +12,7 @@
 //! dtypes, `n <= 128`), so the slab is a row of equal slots and first fit is "lowest free
 //! slot": the model predicts `dst_ptr` exactly.
 //!
-//! Where the spec leaves an order open the model follows ctlplane's documented choice:
+//! Where the behaviour reference leaves an order open the model follows ctlplane's documented choice:
 //! expiry visits due records in transfer-id order (the book keeps a `BTreeMap` keyed by
 //! `TransferId`, canonical 32-hex ids before other strings; the id pool below is listed in
 //! that order), and eviction picks the entry that became evictable (no pin, no lease) the
@@ -261,7 +261,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Reference model (spec section 3), written from the spec, sharing nothing with the book
+// Reference model (ec-behaviour.md §3), written from the behaviour reference, sharing nothing with the book
 // ---------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,7 +296,16 @@ impl St {
     }
 }
 
-/// What a valid reserve asks for (dtype by canonical name).
+/// The element type a dtype name stands for: a resident copy is matched on it, while
+/// records compare names as names.
+fn element_type(name: &str) -> &str {
+    match name {
+        "half" => "float16",
+        other => other,
+    }
+}
+
+/// What a valid reserve asks for (dtype by name, as spelled).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Tensor {
     hash: usize,
@@ -565,7 +574,7 @@ impl Model {
         r.deadline = None;
     }
 
-    /// Spec 3.6.
+    /// ec-behaviour.md §3.6.
     fn expire(&mut self, now: u64) {
         let due: Vec<usize> = self
             .recs
@@ -608,7 +617,7 @@ impl Model {
 
     // --- operations -------------------------------------------------------------------------
 
-    /// Spec 3.3 (after the request validated).
+    /// ec-behaviour.md §3.3 (after the request validated).
     fn reserve(&mut self, tid: usize, t: &Tensor, now: u64) -> Expect {
         self.expire(now);
         if self.shutting_down {
@@ -645,7 +654,7 @@ impl Model {
         // A resident copy: cache hit.
         if let Some(&id) = self.current.get(&t.hash) {
             let e = self.entries.get_mut(&id).expect("current entry");
-            if e.tensor.dims != t.dims || e.tensor.dtype != t.dtype {
+            if e.tensor.dims != t.dims || element_type(e.tensor.dtype) != element_type(t.dtype) {
                 return Expect::Err("conflicting cached tensor for mm_hash".into());
             }
             e.leases += 1;
@@ -689,7 +698,7 @@ impl Model {
         Expect::Granted { rid: None, slot, write: true, ready: false, cached: false }
     }
 
-    /// Spec 3.4, with the shard's event order (published followers, then the writer).
+    /// ec-behaviour.md §3.4, with the shard's event order (published followers, then the writer).
     fn complete(&mut self, tid: usize, rid: &str, now: u64) -> (bool, bool) {
         let Some(r) = self.recs.get(&tid) else { return (false, false) };
         if r.rid != rid {
@@ -736,7 +745,7 @@ impl Model {
         (true, true)
     }
 
-    /// Spec 3.5.
+    /// ec-behaviour.md §3.5.
     fn cancel(&mut self, tid: usize, rid: &str, abandon: bool, refresh: bool, now: u64) -> bool {
         let Some(r) = self.recs.get(&tid) else {
             self.recs.insert(tid, Rec::new(St::Cancelled, None));
@@ -795,7 +804,7 @@ impl Model {
         }
     }
 
-    /// Spec 3.7 `take`: the slot handed to the model, and the tensor.
+    /// ec-behaviour.md §3.7 `take`: the slot handed to the model, and the tensor.
     fn take(&mut self, tid: usize, hash: usize) -> Result<(usize, Tensor), String> {
         let err = || format!("Pushed EC tensor is not ready for mm_hash={}", hash_str(hash));
         match self.recs.get(&tid) {
@@ -820,7 +829,7 @@ impl Model {
         Ok((slot, tensor))
     }
 
-    /// Spec 3.7 `begin_shutdown`.
+    /// ec-behaviour.md §3.7 `begin_shutdown`.
     fn shutdown(&mut self, now: u64) {
         self.shutting_down = true;
         let tids: Vec<usize> = self.recs.keys().copied().collect();
@@ -838,7 +847,7 @@ impl Model {
         }
     }
 
-    /// Spec 2.4: the status of an active record, prefixed by its transfer id and suffixed
+    /// ec-behaviour.md §2.4: the status of an active record, prefixed by its transfer id and suffixed
     /// by the shard port; the oldest is dropped when the backlog is full.
     fn queue_event(&mut self, tid: usize) {
         let Some(r) = self.recs.get(&tid).filter(|r| r.st.active()) else { return };
@@ -1217,7 +1226,8 @@ impl Harness {
     fn reserve_item(&mut self, item: &ReserveItem, actual: &Value) -> Check {
         let (dims, dtype_name, nbytes) = resolve_spec(item);
         let dtype = match dtype_name {
-            "float16" | "half" => Some("float16"),
+            "float16" => Some("float16"),
+            "half" => Some("half"),
             "bfloat16" => Some("bfloat16"),
             _ => None,
         };

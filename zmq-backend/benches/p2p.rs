@@ -3,7 +3,7 @@
 //!
 //! Senders: another `ZmqTransport` on its own thread (3 rounds, median reported), then the
 //! Python reference transport (`tests/interop/p2p_peer.py blast`) for the ratio, when the
-//! interop Python (`$CTLPLANE_PYTHON` or `.venv-interop`) is there.
+//! interop Python (`$CTLPLANE_PYTHON` or `.venv`) is there.
 //! `P2P_BENCH_N` sets the message count (default 200 000).
 //!
 //! Wall-clock rates depend on what else the machine runs (four busy threads: sender,
@@ -93,7 +93,7 @@ fn rust_round(n: usize) -> (f64, Option<Duration>, Option<Duration>) {
                 match tx.send(&rx_id, &msg) {
                     Ok(()) => break,
                     // The DEALER's queue is full: sleep until the receiver catches up.
-                    Err(P2pError::WouldBlock { .. }) => {
+                    Err(P2pError::QueueFull { .. }) => {
                         tx.wait_writable(&rx_id, Duration::from_millis(100)).expect("wait writable");
                     }
                     Err(e) => panic!("send failed: {e}"),
@@ -101,7 +101,7 @@ fn rust_round(n: usize) -> (f64, Option<Duration>, Option<Duration>) {
             }
         }
         let cpu = cpu_start.zip(cpu_time()).map(|(a, b)| b.saturating_sub(a));
-        // Closing drops unsent frames (linger 0): stay until everything arrived.
+        // Closing flushes for at most the DEALER linger: stay until everything arrived.
         let _ = done_rx.recv();
         tx.close();
         cpu
@@ -116,7 +116,7 @@ fn rust_round(n: usize) -> (f64, Option<Duration>, Option<Duration>) {
 fn python() -> Option<PathBuf> {
     let path = std::env::var_os("CTLPLANE_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv-interop/bin/python"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"));
     let ok = Command::new(&path).args(["-c", "import zmq, msgspec"]).status().is_ok_and(|s| s.success());
     ok.then_some(path)
 }

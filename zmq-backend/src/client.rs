@@ -355,7 +355,8 @@ impl ControlClient {
         abandon: bool,
         refresh: bool,
     ) -> Result<bool, ClientError> {
-        let result = self.request_frame(addr, &requests::cancel(transfer_id, reservation_id, abandon, refresh))?;
+        let result =
+            self.request_frame(addr, &requests::make_cancel_request(transfer_id, reservation_id, abandon, refresh))?;
         Ok(requests::parse_cancel(&result))
     }
 

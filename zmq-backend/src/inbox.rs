@@ -1,5 +1,5 @@
 //! `EventInbox`: the consumer scheduler's subscription to the readiness events of every
-//! shard of a consumer (spec 6.1; races S5, S6, S7, S22).
+//! shard of a consumer (ec-behaviour.md §6.1; races S5, S6, S7, S22).
 //!
 //! A drain must never block the scheduler (S5), yet subscribing needs blocking control
 //! requests (`peers`, then `event_port` of every shard). So discovery runs on a background

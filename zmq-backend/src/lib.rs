@@ -27,7 +27,7 @@ pub use curve::{CurveClient, CurveError, CurveServer, KeyPair};
 pub use inbox::{DrainCounts, Drained, EventInbox};
 pub use p2p::{P2pError, TransportOptions, ZmqTransport};
 pub use replica::ConsumerServers;
-pub use requests::{Completion, ReserveSpec};
+pub use requests::{make_cancel_request, Completion, ReserveSpec};
 pub use server::{BindCause, ConsumerControlServer, ServerOptions, SetupCause, StartError, DEFAULT_MAX_REQUEST_BYTES};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -2,8 +2,8 @@
 //! Python producer and scheduler against `ctlplane consumer`, and the Rust client and
 //! event inbox against a Python consumer.
 //!
-//! The interpreter is `$CTLPLANE_PYTHON`, else the workspace's `.venv-interop` that
-//! `.ci/run` creates (`python3 -m venv .venv-interop && pip install pyzmq msgspec`).
+//! The interpreter is `$CTLPLANE_PYTHON`, else the workspace's `.venv` that
+//! `scripts/test.sh` provisions (pyzmq, msgspec).
 
 mod common;
 

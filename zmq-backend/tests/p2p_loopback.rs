@@ -123,12 +123,14 @@ fn sending_to_an_unreachable_peer_never_blocks() {
         }
         assert!(sent < 100_000, "the DEALER's queue never filled");
     };
-    assert!(matches!(error, P2pError::WouldBlock { .. }), "{error}");
-    assert!(sent >= 1_000, "a DEALER queues up to its high-water mark before connecting ({sent})");
+    assert!(matches!(&error, P2pError::QueueFull { peer } if *peer == nowhere), "{error}");
+    assert_eq!(error.to_string(), format!("ZmqConnection: send queue to {nowhere} is full"));
+    assert_eq!(sent, 1_000, "a DEALER queues exactly its high-water mark before connecting");
     assert!(started.elapsed() < Duration::from_secs(5));
-    // Nothing listens, so no DISCONNECTED ever fires: the connection stays alive (S10).
-    a.poll();
-    assert!(a.is_alive(&nowhere));
+    // Nothing listens: each refused attempt reports CLOSED, which is fatal since 0.33, so
+    // the connection is found dead and swept instead of holding its sockets (S10).
+    poll_until(&mut a, "the refused connection swept", |a, _| a.peers().is_empty());
+    assert_eq!(a.open_dealers(), 0);
 }
 
 #[test]

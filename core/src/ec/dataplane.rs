@@ -1,4 +1,4 @@
-//! The Mooncake data-plane boundary of an EC producer (spec 4).
+//! The Mooncake data-plane boundary of an EC producer (ec-behaviour.md §4).
 //!
 //! Tensor bytes never cross the control channel: a producer writes them straight into the
 //! consumer's registered receive slab at the `dst_ptr` its reservation granted. A driver
@@ -108,6 +108,11 @@ impl DataPlane for InProcessDataPlane {
             return Err(DataPlaneError::Status { session: session.to_string(), status });
         }
         let len = src.len() as u64;
+        if len == 0 {
+            // An empty tensor (null `dst_ptr`): nothing to copy.
+            self.log.push(WriteRecord { session: session.to_string(), dst_ptr, len });
+            return Ok(());
+        }
         let end = reg.base.saturating_add(reg.bytes.len() as u64);
         let range = dst_ptr
             .checked_sub(reg.base)

@@ -1,5 +1,5 @@
 //! The scheduler's event inbox: subscribing to every shard's readiness events without
-//! ever blocking the scheduler, and decoding what arrives (spec 6.1, races S5, S7, S22).
+//! ever blocking the scheduler, and decoding what arrives (ec-behaviour.md §6.1, races S5, S7, S22).
 //!
 //! Discovery needs blocking control requests, so the driver runs [`EndpointDiscovery`]
 //! somewhere else (a background thread in production, a task in the simulator) and
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn discovery_retries_the_whole_event_port_pass_with_peers_cached() {
-        // Spec 6.1's exact request order: peers, peers, event_port(19019),
+        // ec-behaviour.md §6.1's exact request order: peers, peers, event_port(19019),
         // event_port(19020), event_port(19019), event_port(19020).
         let base = "tcp://127.0.0.1:19019";
         let mut cache = TopologyCache::default();

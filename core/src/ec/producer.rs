@@ -1,7 +1,7 @@
 //! `PushCoordinator`: the push side of one EC producer worker as a sans-IO machine.
 //!
 //! A push batch (the items one producer request sends to one consumer replica) goes
-//! through the reference worker's steps (spec 1.3, 2.3, 4, races S8-S20):
+//! through the reference worker's steps (ec-behaviour.md §1.3, §2.3, §4, races S8-S20):
 //!
 //! 1. **Discover** the consumer's TP shards with `peers` (cached on success, tried
 //!    [`DISCOVERY_ATTEMPTS`] times). An unconfirmed topology fails every item and sends no
@@ -27,7 +27,7 @@
 //! [`PushCoordinator::handle_reply`] (`Err` = timeout, transport failure or the error
 //! text of an `ok: false` reply), and performs each [`Transmit::Write`] through its
 //! [`super::dataplane::DataPlane`], answering with [`PushCoordinator::handle_write`]. The
-//! coordinator keeps no timers: request timeouts are the control client's (spec 5), and
+//! coordinator keeps no timers: request timeouts are the control client's (ec-behaviour.md §5), and
 //! the refresh decision uses the `now` of the input that makes the batch writable.
 
 use super::pyjson::{self, to_int, to_str, truthy};
@@ -288,10 +288,8 @@ pub fn complete_batch_request<'a>(items: impl IntoIterator<Item = (&'a str, &'a 
 }
 
 /// `{"op": "cancel", "transfer_id": .., "reservation_id": ..}` plus `abandon`/`refresh`
-/// only when true, as the reference helper writes it.
-pub fn cancel_request(transfer_id: &str, reservation_id: &str, abandon: bool, refresh: bool) -> Vec<u8> {
-    super::requests::cancel(transfer_id, reservation_id, abandon, refresh)
-}
+/// only when true: 0.33's `make_cancel_request` (the encoder of [`super::requests`]).
+pub use super::requests::make_cancel_request;
 
 // ---------------------------------------------------------------------------------------
 // Reply parsing
@@ -512,7 +510,7 @@ impl Batch {
     fn cancel(&mut self, item: usize, shard: usize, reservation_id: String, purpose: Purpose, attempt: u32) {
         let Some(addr) = self.shards.get(shard).cloned() else { return };
         let Some(entry) = self.items.get(item) else { return };
-        let frame = cancel_request(&entry.spec.transfer_id, &reservation_id, true, purpose == Purpose::Refresh);
+        let frame = make_cancel_request(&entry.spec.transfer_id, &reservation_id, true, purpose == Purpose::Refresh);
         let op = CancelOp { shard, item, reservation_id, purpose, attempt };
         self.request(OpKind::Cancel(op), addr, frame);
     }
@@ -1286,15 +1284,15 @@ mod tests {
             r#"{"op": "complete_batch", "items": [{"transfer_id": "a", "reservation_id": "r1"}]}"#
         );
         assert_eq!(
-            cancel_request("t1", "", false, false),
+            make_cancel_request("t1", "", false, false),
             br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": ""}"#
         );
         assert_eq!(
-            cancel_request("t1", "r0", true, false),
+            make_cancel_request("t1", "r0", true, false),
             br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": "r0", "abandon": true}"#
         );
         assert_eq!(
-            cancel_request("t1", "r0", true, true),
+            make_cancel_request("t1", "r0", true, true),
             br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": "r0", "abandon": true, "refresh": true}"#
         );
     }

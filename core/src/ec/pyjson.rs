@@ -146,9 +146,135 @@ pub fn carry_lone_surrogates(text: &str) -> Option<String> {
     changed.then_some(out)
 }
 
-/// Whether a JSON number literal is an integer (Python `int`) rather than a float.
-fn is_int_literal(n: &serde_json::Number) -> bool {
-    n.is_i64() || n.is_u64() || !n.to_string().contains(['.', 'e', 'E'])
+/// Whether a JSON number literal is an integer (Python `int`) rather than a float
+/// (`NaN`, `Infinity` and `-Infinity`, which `json.loads` reads as floats, included).
+pub fn is_int_literal(n: &serde_json::Number) -> bool {
+    n.is_i64() || n.is_u64() || n.to_string().trim_start_matches('-').bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Python's float value of a number literal (`NaN` and the infinities included).
+fn float_of(n: &serde_json::Number) -> f64 {
+    n.to_string().parse().unwrap_or(f64::NAN)
+}
+
+/// Most decimal digits Python converts between `int` and `str`
+/// (`sys.get_int_max_str_digits()` by default): `json.loads` of a longer integer literal
+/// fails, and so does `int()` of a longer string.
+pub const INT_MAX_STR_DIGITS: usize = 4300;
+
+/// Python's `iter(v)` of a decoded JSON value: a list's items, a string's characters, a
+/// dict's keys (each a `str`); anything else is not iterable (the error is its type name).
+pub fn iterate(v: &Value) -> Result<Vec<std::borrow::Cow<'_, Value>>, &'static str> {
+    use std::borrow::Cow;
+    match v {
+        Value::Array(items) => Ok(items.iter().map(Cow::Borrowed).collect()),
+        Value::String(s) => Ok(s.chars().map(|c| Cow::Owned(Value::String(c.to_string()))).collect()),
+        Value::Object(map) => Ok(map.keys().map(|k| Cow::Owned(Value::String(k.clone()))).collect()),
+        other => Err(type_name(other)),
+    }
+}
+
+/// How many items [`iterate`] would give, without building them.
+pub fn iter_len(v: &Value) -> Option<usize> {
+    match v {
+        Value::Array(items) => Some(items.len()),
+        Value::String(s) => Some(s.chars().count()),
+        Value::Object(map) => Some(map.len()),
+        _ => None,
+    }
+}
+
+/// Where [`mark_constants`] put the placeholders of Python's `NaN`, `Infinity` and
+/// `-Infinity` constants: three number literals the original text does not contain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConstantMarks {
+    nan: String,
+    inf: String,
+    neg_inf: String,
+}
+
+impl ConstantMarks {
+    /// Turns every placeholder of `value` back into the constant it stands for, kept as
+    /// a number whose text is the constant's name ([`is_int_literal`] is false for it,
+    /// and its float value is the constant).
+    pub fn restore(&self, value: &mut Value) {
+        match value {
+            Value::Number(n) => {
+                let text = n.to_string();
+                let name = if text == self.nan {
+                    "NaN"
+                } else if text == self.inf {
+                    "Infinity"
+                } else if text == self.neg_inf {
+                    "-Infinity"
+                } else {
+                    return;
+                };
+                *n = serde_json::Number::from_string_unchecked(name.to_owned());
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.restore(v)),
+            Value::Object(map) => map.values_mut().for_each(|v| self.restore(v)),
+            _ => {}
+        }
+    }
+}
+
+/// Replaces the `NaN`, `Infinity` and `-Infinity` tokens outside strings (which
+/// `json.loads` reads as floats) with number literals found nowhere else in `text`;
+/// `None` if there is none.
+pub fn mark_constants(text: &str) -> Option<(String, ConstantMarks)> {
+    let mut nines = String::from("9");
+    while text.contains(&nines) {
+        nines.push('9');
+    }
+    let marks =
+        ConstantMarks { nan: format!("0e-{nines}1"), inf: format!("0e-{nines}2"), neg_inf: format!("0e-{nines}3") };
+    let b = text.as_bytes();
+    let (mut out, mut copied, mut i, mut in_str, mut changed) = (String::new(), 0, 0, false, false);
+    while i < b.len() {
+        if in_str {
+            match b[i] {
+                b'\\' => i += 1,
+                b'"' => in_str = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        let token = [("-Infinity", &marks.neg_inf), ("Infinity", &marks.inf), ("NaN", &marks.nan)]
+            .into_iter()
+            .find(|(name, _)| b[i..].starts_with(name.as_bytes()));
+        match token {
+            Some((name, mark)) => {
+                out.push_str(&text[copied..i]);
+                out.push_str(mark);
+                i += name.len();
+                copied = i;
+                changed = true;
+            }
+            None => {
+                in_str = b[i] == b'"';
+                i += 1;
+            }
+        }
+    }
+    out.push_str(&text[copied..]);
+    changed.then_some((out, marks))
+}
+
+/// Whether `value` holds an integer literal Python will not convert (more than
+/// [`INT_MAX_STR_DIGITS`] digits).
+pub fn has_overlong_int(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => {
+            !(n.is_i64() || n.is_u64())
+                && is_int_literal(n)
+                && n.to_string().trim_start_matches('-').len() > INT_MAX_STR_DIGITS
+        }
+        Value::Array(items) => items.iter().any(has_overlong_int),
+        Value::Object(map) => map.values().any(has_overlong_int),
+        _ => false,
+    }
 }
 
 /// Python's type name of a decoded JSON value (`type(v).__name__`).
@@ -170,7 +296,7 @@ pub fn truthy(v: &Value) -> bool {
         Value::Null => false,
         Value::Bool(b) => *b,
         Value::Number(n) if is_int_literal(n) => n.to_string().bytes().any(|d| (b'1'..=b'9').contains(&d)),
-        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::Number(n) => float_of(n) != 0.0,
         Value::String(s) => !s.is_empty(),
         Value::Array(a) => !a.is_empty(),
         Value::Object(o) => !o.is_empty(),
@@ -206,7 +332,7 @@ fn write_repr(out: &mut String, v: &Value) {
                 out.push_str(&digits);
             }
         }
-        Value::Number(n) => out.push_str(&float_repr(n.as_f64().unwrap_or(f64::NAN))),
+        Value::Number(n) => out.push_str(&float_repr(float_of(n))),
         Value::String(s) => out.push_str(&str_repr(s)),
         Value::Array(items) => {
             out.push('[');
@@ -333,7 +459,7 @@ pub fn to_int(v: &Value) -> Result<i128, String> {
                 let digits = n.to_string();
                 Ok(digits.parse::<i128>().unwrap_or(if digits.starts_with('-') { i128::MIN } else { i128::MAX }))
             } else {
-                let f = n.as_f64().unwrap_or(f64::NAN);
+                let f = float_of(n);
                 if f.is_nan() {
                     Err("cannot convert float NaN to integer".into())
                 } else if f.is_infinite() {
@@ -346,9 +472,7 @@ pub fn to_int(v: &Value) -> Result<i128, String> {
                 }
             }
         }
-        Value::String(s) => {
-            parse_int_literal(s).ok_or_else(|| format!("invalid literal for int() with base 10: {}", str_repr(s)))
-        }
+        Value::String(s) => parse_int_literal(s),
         other => Err(format!(
             "int() argument must be a string, a bytes-like object or a real number, not '{}'",
             type_name(other)
@@ -356,27 +480,64 @@ pub fn to_int(v: &Value) -> Result<i128, String> {
     }
 }
 
-/// `int("…")` in base 10: surrounding whitespace, an optional sign, digits with single
-/// underscores between them.
-fn parse_int_literal(s: &str) -> Option<i128> {
-    let t = s.trim();
-    let (neg, digits) = match t.as_bytes().first()? {
-        b'-' => (true, &t[1..]),
-        b'+' => (false, &t[1..]),
-        _ => (false, t),
+/// `int("…")` in base 10: surrounding whitespace, an optional sign, decimal digits of
+/// any script (`int("٥٣٠")` is 530) with single underscores between them, at most
+/// [`INT_MAX_STR_DIGITS`] of them.
+fn parse_int_literal(s: &str) -> Result<i128, String> {
+    let invalid = || format!("invalid literal for int() with base 10: {}", str_repr(s));
+    let t = s.trim_matches(is_py_space);
+    let (neg, digits) = match t.chars().next() {
+        Some('-') => (true, &t[1..]),
+        Some('+') => (false, &t[1..]),
+        Some(_) => (false, t),
+        None => return Err(invalid()),
     };
     if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") {
-        return None;
+        return Err(invalid());
     }
-    let mut value: i128 = 0;
-    for b in digits.bytes() {
-        match b {
-            b'0'..=b'9' => value = value.checked_mul(10)?.checked_add(i128::from(b - b'0'))?,
-            b'_' => {}
-            _ => return None,
+    let mut value: Option<i128> = Some(0);
+    let mut count = 0usize;
+    for c in digits.chars() {
+        if c == '_' {
+            continue;
         }
+        let d = decimal_value(c).ok_or_else(invalid)?;
+        count += 1;
+        value = value.and_then(|v| v.checked_mul(10)?.checked_add(i128::from(d)));
     }
-    Some(if neg { -value } else { value })
+    if count > INT_MAX_STR_DIGITS {
+        return Err(format!(
+            "Exceeds the limit ({INT_MAX_STR_DIGITS} digits) for integer string conversion: value has {count} \
+             digits; use sys.set_int_max_str_digits() to increase the limit"
+        ));
+    }
+    // Beyond i128: saturate; every caller bounds sizes far below this.
+    let value = value.unwrap_or(i128::MAX);
+    Ok(if neg { -value } else { value })
+}
+
+/// `str.isspace()`, which `int()` strips.
+fn is_py_space(c: char) -> bool {
+    matches!(c, '\t'..='\r' | '\x1c'..='\x1f' | ' ' | '\u{85}' | '\u{a0}' | '\u{1680}' | '\u{2000}'..='\u{200a}')
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202f}' | '\u{205f}' | '\u{3000}')
+}
+
+/// First code point of every run of ten decimal digits (Unicode category Nd, the
+/// Unicode 14 table of Python 3.11's `unicodedata`).
+const DECIMAL_ZEROS: [u32; 66] = [
+    0x30, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66, 0xDE6, 0xE50, 0xED0,
+    0xF20, 0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90, 0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620,
+    0xA8D0, 0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10, 0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0,
+    0x112F0, 0x11450, 0x114D0, 0x11650, 0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60,
+    0x16AC0, 0x16B50, 0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0,
+];
+
+/// `unicodedata.decimal(c)`: the digit value of a decimal digit of any script.
+fn decimal_value(c: char) -> Option<u8> {
+    let u = c as u32;
+    let i = DECIMAL_ZEROS.partition_point(|&z| z <= u).checked_sub(1)?;
+    let d = u - DECIMAL_ZEROS[i];
+    (d < 10).then_some(d as u8)
 }
 
 #[cfg(test)]
@@ -389,7 +550,7 @@ mod tests {
         let v = json!({"ok": true, "result": {"ports": [19019, 19020], "e": "é😀\u{7f}\n"}});
         assert_eq!(
             String::from_utf8(dumps(&v)).unwrap(),
-            r#"{"ok": true, "result": {"e": "\u00e9\ud83d\ude00\u007f\n", "ports": [19019, 19020]}}"#
+            r#"{"ok": true, "result": {"ports": [19019, 19020], "e": "\u00e9\ud83d\ude00\u007f\n"}}"#
         );
         assert_eq!(dumps(&json!({})), b"{}");
         assert_eq!(dumps(&json!([])), b"[]");
@@ -403,6 +564,9 @@ mod tests {
         assert_eq!(to_str(&json!(1.5)), "1.5");
         assert_eq!(to_str(&json!(["a", 1])), "['a', 1]");
         assert_eq!(to_str(&json!({"k": "it's"})), "{'k': \"it's\"}");
+        // Dicts keep the frame's key order, as Python's do.
+        let v: Value = serde_json::from_str(r#"{"b": 1, "a": 2, "b": 3}"#).unwrap();
+        assert_eq!(to_str(&v), "{'b': 3, 'a': 2}");
         assert!(truthy(&json!("false")));
         assert!(!truthy(&json!(0)));
         assert!(!truthy(&json!(0.0)));
@@ -413,6 +577,11 @@ mod tests {
         assert_eq!(to_int(&json!("16")), Ok(16));
         assert_eq!(to_int(&json!(" -1_6 ")), Ok(-16));
         assert_eq!(to_int(&json!(true)), Ok(1));
+        assert_eq!(to_int(&json!("٥٣٠")), Ok(530));
+        assert_eq!(to_int(&json!("\u{3000}-1\u{0665}\x1f")), Ok(-15));
+        assert!(to_int(&json!("1".repeat(4301))).unwrap_err().starts_with("Exceeds the limit (4300 digits)"));
+        assert_eq!(to_int(&json!("1".repeat(4300))), Ok(i128::MAX));
+        assert_eq!(to_int(&json!("½")), Err("invalid literal for int() with base 10: '½'".into()));
         assert_eq!(to_int(&json!("16.0")), Err("invalid literal for int() with base 10: '16.0'".into()));
         assert_eq!(
             to_int(&json!(null)),

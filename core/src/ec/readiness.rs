@@ -1,5 +1,5 @@
 //! The consumer scheduler's view of pushed items: multi-shard readiness and the transfer
-//! table with its push-wait deadline (spec 6.3, 6.4; races S6, S23, S24, S27).
+//! table with its push-wait deadline (ec-behaviour.md §6.3, §6.4; races S6, S23, S24, S27).
 //!
 //! An item is loadable only once every distinct shard has announced it: each TP rank
 //! holds its own copy, so one rank's event says nothing about the others.

@@ -1,4 +1,4 @@
-//! The REQ lockstep rule of a control client (spec 5, race S9).
+//! The REQ lockstep rule of a control client (ec-behaviour.md §5, race S9).
 //!
 //! A REQ socket that sent and did not receive cannot send again. So after a timeout or
 //! any error the socket is discarded and the next request opens a fresh one; a late reply

@@ -144,9 +144,11 @@ pub fn complete_batch<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -
     out
 }
 
-/// `{"op": "cancel", "transfer_id", "reservation_id"[, "abandon": true][, "refresh": true]}`:
-/// the reference helper always sends `reservation_id` and a flag only when it is set.
-pub fn cancel(transfer_id: &str, reservation_id: &str, abandon: bool, refresh: bool) -> Vec<u8> {
+/// `{"op": "cancel", "transfer_id", "reservation_id"[, "abandon": true][, "refresh": true]}`,
+/// the frame of 0.33's `make_cancel_request`: `reservation_id` always (`""` when none is
+/// known), each flag only when it is set. The one cancel encoder: every cancel ctlplane
+/// sends (producer, client, CLI, simulator hosts) is built here.
+pub fn make_cancel_request(transfer_id: &str, reservation_id: &str, abandon: bool, refresh: bool) -> Vec<u8> {
     let mut out = begin("cancel", 100 + transfer_id.len() + reservation_id.len());
     out.extend_from_slice(b", ");
     write_complete(&mut out, transfer_id, reservation_id);
@@ -384,7 +386,7 @@ mod tests {
             prop_assert_eq!(complete_batch(ids.iter().map(|(t, r)| (t.as_str(), r.as_str()))), general::complete_batch(&ids));
             for (t, r) in &ids {
                 prop_assert_eq!(complete(t, r), general::complete(t, r));
-                prop_assert_eq!(cancel(t, r, abandon, refresh), general::cancel(t, r, abandon, refresh));
+                prop_assert_eq!(make_cancel_request(t, r, abandon, refresh), general::cancel(t, r, abandon, refresh));
             }
             prop_assert_eq!(peers(), general::peers());
             prop_assert_eq!(event_port(), general::event_port());
@@ -404,9 +406,12 @@ mod tests {
             reserve(&spec("t")).unwrap(),
             br#"{"op": "reserve", "transfer_id": "t", "mm_hash": "h", "nbytes": 16384, "shape": [64, 128], "dtype": "float16"}"#
         );
-        assert_eq!(cancel("t1", "", false, false), br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": ""}"#);
         assert_eq!(
-            cancel("t1", "r0", true, true),
+            make_cancel_request("t1", "", false, false),
+            br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": ""}"#
+        );
+        assert_eq!(
+            make_cancel_request("t1", "r0", true, true),
             br#"{"op": "cancel", "transfer_id": "t1", "reservation_id": "r0", "abandon": true, "refresh": true}"#
         );
         assert_eq!(

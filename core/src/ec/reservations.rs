@@ -1,4 +1,4 @@
-//! The reservation book of one consumer shard (spec section 3).
+//! The reservation book of one consumer shard (ec-behaviour.md §3).
 //!
 //! It decides what `reserve`, `complete`, `cancel`, expiry, `take` and shutdown do to a
 //! transfer's reservation and to the slab behind it. The rule it never breaks: memory a
@@ -39,7 +39,7 @@ pub enum FollowerCompletion {
     #[default]
     Reject,
     /// Gen B (PR #58123): an idempotent no-op `(true, false)`, so one follower completion
-    /// cannot fail an unrelated batch (spec S15).
+    /// cannot fail an unrelated batch (ec-behaviour.md S15).
     AcceptNoop,
 }
 
@@ -156,6 +156,9 @@ pub enum ReserveError {
     ConflictingInFlight,
     #[error("EC consumer buffer pool is full")]
     PoolFull,
+    /// No destination can be carved for the payload (the text torch raises).
+    #[error("{0}")]
+    Unplaceable(String),
 }
 
 /// Why a `take` was refused.
@@ -352,7 +355,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Reserve rules 1-8 (spec 3.3), after the reap every reserve performs.
+    /// Reserve rules 1-8 (ec-behaviour.md §3.3), after the reap every reserve performs.
     pub fn reserve(&mut self, req: &ReserveRequest, now: Instant) -> Result<Reserved, ReserveError> {
         self.reserve_ref(req.as_ref(), now)
     }
@@ -401,6 +404,40 @@ impl<R: RngCore> ReservationBook<R> {
         self.reserve_new(tid, req, now)
     }
 
+    /// A `reserve` whose destination cannot be carved ([`super::wire::Unplaceable`]):
+    /// the rules that answer before allocation answer as for any reserve (its shape
+    /// matches no record, resident copy or writer, since every one of those has a
+    /// placeable shape); where a destination would be allocated it fails with `error`,
+    /// and nothing is allocated or evicted.
+    pub fn reserve_unplaceable(
+        &mut self,
+        transfer_id: &str,
+        mm_hash: &str,
+        error: &str,
+        now: Instant,
+    ) -> Result<Reserved, ReserveError> {
+        self.expire(now);
+        if self.shutting_down {
+            return Err(ReserveError::ShuttingDown);
+        }
+        let tid = TransferId::new(transfer_id);
+        if let Some(rec) = self.records.get(&tid) {
+            match rec.state {
+                State::Cancelled => return Ok(Reserved::Cancelled),
+                State::Expired => self.forget(&tid),
+                State::ExpirePending => return Err(ReserveError::ActiveWriter(transfer_id.to_owned())),
+                _ => return Err(ReserveError::ConflictingReservation),
+            }
+        }
+        if self.resident.lookup(mm_hash).is_some() {
+            return Err(ReserveError::ConflictingCached);
+        }
+        if self.writer_for(fingerprint_str(mm_hash), mm_hash).is_some() {
+            return Err(ReserveError::ConflictingInFlight);
+        }
+        Err(ReserveError::Unplaceable(error.to_owned()))
+    }
+
     fn new_record(
         &mut self,
         req: ReserveRef<'_>,
@@ -429,7 +466,8 @@ impl<R: RngCore> ReservationBook<R> {
     fn reserve_new(&mut self, tid: TransferId, req: ReserveRef<'_>, now: Instant) -> Result<Reserved, ReserveError> {
         // Rule 6: a resident copy serves the transfer at once.
         if let Some((entry, e)) = self.resident.lookup(req.mm_hash) {
-            if *e.shape != *req.shape || e.dtype != req.dtype {
+            // A resident copy is compared as a tensor: its element type, not the name.
+            if *e.shape != *req.shape || e.dtype.canonical() != req.dtype.canonical() {
                 return Err(ReserveError::ConflictingCached);
             }
             let view = e.view;
@@ -511,7 +549,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Complete rules 1-8 (spec 3.4): `(accepted, became_ready)`.
+    /// Complete rules 1-8 (ec-behaviour.md §3.4): `(accepted, became_ready)`.
     pub fn complete(&mut self, transfer_id: &str, reservation_id: &str, now: Instant) -> (bool, bool) {
         let c = self.complete_with(transfer_id, reservation_id, now, |_| {});
         (c.completed, c.became_ready)
@@ -569,7 +607,7 @@ impl<R: RngCore> ReservationBook<R> {
         Completed { completed, became_ready, followers_ready }
     }
 
-    /// Complete rules 1-8 (spec 3.4), step by step.
+    /// Complete rules 1-8 (ec-behaviour.md §3.4), step by step.
     fn complete_general(&mut self, tid: &TransferId, reservation_id: &str, now: Instant) -> (bool, bool) {
         let Some(rec) = self.records.get(tid) else {
             return (false, false);
@@ -638,7 +676,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Cancel rules 1-9 (spec 3.5).
+    /// Cancel rules 1-9 (ec-behaviour.md §3.5).
     pub fn cancel(
         &mut self,
         transfer_id: &str,
@@ -727,7 +765,7 @@ impl<R: RngCore> ReservationBook<R> {
         true
     }
 
-    /// Expiry (spec 3.6): READY past its deadline expires, a WRITING follower is
+    /// Expiry (ec-behaviour.md §3.6): READY past its deadline expires, a WRITING follower is
     /// cancelled, a WRITING writer is deferred; then old tombstones go. Returns how many
     /// READY records expired. Before the earliest deadline it costs one comparison.
     pub fn expire(&mut self, now: Instant) -> usize {
@@ -921,8 +959,10 @@ impl<R: RngCore> ReservationBook<R> {
     /// Every region handed out, in address order: writers' own regions and resident
     /// entries. Equal to what the slab has handed out (see [`Self::check_invariants`]).
     pub fn allocations(&self) -> Vec<Region> {
+        // Empty tensors own no memory.
         let mut owned: Vec<Region> = self.records.values().filter_map(|r| r.owned().map(|v| v.region)).collect();
         owned.extend(self.resident.entries().map(|(_, e)| e.view.region));
+        owned.retain(|r| r.len > 0);
         owned.sort();
         owned
     }

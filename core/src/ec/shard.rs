@@ -234,7 +234,7 @@ impl<R: RngCore> ConsumerShard<R> {
         match self.book.reserve_ref(req, now)? {
             Reserved::Cancelled => {
                 out.extend_from_slice(&wire::encode_reserve_ok(&ReserveReply::Cancelled(CancelledResult::new(
-                    req.nbytes,
+                    req.nbytes.into(),
                 ))));
             }
             Reserved::Granted { reservation_id, view, write, ready, cached } => {
@@ -248,7 +248,7 @@ impl<R: RngCore> ConsumerShard<R> {
                     &ReserveFields {
                         reservation_id: JsonText::Encoded(&quoted),
                         dst_session: JsonText::Encoded(&self.dst_session_json),
-                        dst_ptr: self.config.slab_base.saturating_add(view.region.offset),
+                        dst_ptr: super::slab::dst_ptr(self.config.slab_base, &view),
                         nbytes: req.nbytes,
                         write,
                         ready,
@@ -308,10 +308,19 @@ impl<R: RngCore> ConsumerShard<R> {
         item: Result<super::reservations::ReserveRequest, WireError>,
         now: Instant,
     ) -> Result<ReserveReply, String> {
-        let req = item.map_err(|e| e.to_string())?;
+        let req = match item {
+            Ok(req) => req,
+            Err(WireError::Unplaceable(u)) => {
+                return match self.book.reserve_unplaceable(&u.transfer_id, &u.mm_hash, &u.error, now) {
+                    Ok(_) => Ok(ReserveReply::Cancelled(CancelledResult::new(u.nbytes))),
+                    Err(e) => Err(e.to_string()),
+                };
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         let reserved = self.book.reserve_ref(req.as_ref(), now).map_err(|e| e.to_string())?;
         Ok(match reserved {
-            Reserved::Cancelled => ReserveReply::Cancelled(CancelledResult::new(req.nbytes)),
+            Reserved::Cancelled => ReserveReply::Cancelled(CancelledResult::new(req.nbytes.into())),
             Reserved::Granted { reservation_id, view, write, ready, cached } => {
                 if ready {
                     self.queue_ready(&req.transfer_id);
@@ -319,7 +328,7 @@ impl<R: RngCore> ConsumerShard<R> {
                 ReserveReply::Granted(ReserveResult {
                     reservation_id: reservation_id.to_hex_string(),
                     dst_session: self.config.dst_session.clone(),
-                    dst_ptr: self.config.slab_base.saturating_add(view.region.offset),
+                    dst_ptr: super::slab::dst_ptr(self.config.slab_base, &view),
                     nbytes: req.nbytes,
                     write,
                     ready,

@@ -43,11 +43,20 @@ pub enum SlabError {
     NotAllocated { offset: u64, len: u64 },
 }
 
-/// Rounds `nbytes` up to the allocation granularity; a zero-byte tensor still takes one
-/// unit so that every live reservation owns a distinct region.
+/// Rounds `nbytes` up to the allocation granularity. A zero-byte tensor takes no memory:
+/// torch gives an empty tensor a null data pointer, so it never needs a region of its own.
 pub fn aligned_size(nbytes: u64) -> Option<u64> {
-    let units = nbytes.div_ceil(ALIGNMENT).max(1);
-    units.checked_mul(ALIGNMENT)
+    nbytes.div_ceil(ALIGNMENT).checked_mul(ALIGNMENT)
+}
+
+/// The address a writer targets for `view` in a slab based at `base`: `base + offset`,
+/// and 0 for an empty tensor (torch's null data pointer).
+pub fn dst_ptr(base: u64, view: &View) -> u64 {
+    if view.nbytes == 0 {
+        0
+    } else {
+        base.saturating_add(view.region.offset)
+    }
 }
 
 /// First-fit allocator over `[0, size)`.
@@ -83,8 +92,16 @@ impl Slab {
     }
 
     /// Reserves the lowest-addressed free block that holds `nbytes` (after alignment).
+    ///
+    /// A zero-byte request takes nothing: it is placed at the first free block and
+    /// succeeds while any block is free, as the reference's first-fit does; on a full slab
+    /// it fails like any other size (and the caller's pressure path runs).
     pub fn allocate(&mut self, nbytes: u64) -> Option<View> {
         let len = aligned_size(nbytes)?;
+        if len == 0 {
+            let (&offset, _) = self.free.iter().next()?;
+            return Some(View { region: Region { offset, len: 0 }, nbytes });
+        }
         let (&offset, &block) = self.free.iter().find(|(_, &block)| block >= len)?;
         self.free.remove(&offset);
         if block > len {
@@ -95,7 +112,11 @@ impl Slab {
     }
 
     /// Returns a region to the free list, merging it with its free neighbours.
+    /// Freeing an empty region (a zero-byte tensor's) is a no-op.
     pub fn free(&mut self, region: Region) -> Result<(), SlabError> {
+        if region.len == 0 && region.offset % ALIGNMENT == 0 && region.offset <= self.size {
+            return Ok(());
+        }
         if !self.is_allocated(region) {
             return Err(SlabError::NotAllocated { offset: region.offset, len: region.len });
         }
@@ -236,9 +257,17 @@ mod tests {
     }
 
     #[test]
-    fn zero_bytes_still_take_one_unit_and_huge_sizes_fail_cleanly() {
+    fn zero_bytes_take_nothing_and_huge_sizes_fail_cleanly() {
         let mut slab = Slab::new(1024);
-        assert_eq!(slab.allocate(0).unwrap().region.len, 256);
+        let empty = slab.allocate(0).unwrap();
+        assert_eq!((empty.region, slab.used_bytes()), (Region { offset: 0, len: 0 }, 0));
+        assert_eq!(dst_ptr(4096, &empty), 0, "an empty tensor has a null pointer");
+        let a = slab.allocate(1).unwrap();
+        assert_eq!((a.region.offset, dst_ptr(4096, &a)), (0, 4096), "the next offset does not drift");
+        slab.free(empty.region).unwrap();
+        slab.check().unwrap();
+        assert!(slab.allocate(768).is_some());
+        assert!(slab.allocate(0).is_none(), "a full slab has no free block to place it at");
         assert!(slab.allocate(u64::MAX).is_none());
         assert_eq!(aligned_size(u64::MAX), None);
     }

@@ -53,7 +53,7 @@ impl State {
         matches!(self, State::Writing | State::CancelPending | State::ExpirePending)
     }
 
-    /// The transition table of the reference (spec 3.2).
+    /// The transition table of the reference (ec-behaviour.md §3.2).
     pub fn can_become(self, to: State) -> bool {
         use State::*;
         matches!(

@@ -1,5 +1,5 @@
 //! Shard discovery: from a consumer's base address to the control address of every TP
-//! rank, as the reference client does it (spec 1.3).
+//! rank, as the reference client does it (ec-behaviour.md §1.3).
 //!
 //! Only a confirmed topology is ever used: a caller that cannot discover every shard fails
 //! without sending a reserve or cancel anywhere (the removed base-address fallback is

@@ -43,9 +43,13 @@ pub enum WireError {
     /// `int()` of a size failed; the payload is Python's message.
     #[error("{0}")]
     BadInt(String),
-    /// A size or dimension below zero.
-    #[error("{field} must be non-negative, got {value}")]
-    Negative { field: &'static str, value: i128 },
+    /// A payload that passes the worker's checks but that no destination can be carved
+    /// for (a negative size or dimension, or more bytes than an address holds). It still
+    /// goes through the reservation rules, which may answer first (a tombstone, a
+    /// conflict); only where the reference would carve its destination does it fail, with
+    /// the text torch raised there, and nothing is allocated.
+    #[error("{}", .0.error)]
+    Unplaceable(Box<Unplaceable>),
     /// `dtype` names no torch dtype.
     #[error("Unsupported torch dtype string: {0}")]
     UnsupportedDtype(String),
@@ -324,12 +328,12 @@ pub fn decode_request_general(frame: &[u8], max_batch_items: usize) -> Result<Re
         "reserve" => Request::Reserve(decode_reserve(&Value::Object(obj))),
         "reserve_batch" => {
             let items = batch_items(&obj, "reserve_batch", max_batch_items)?;
-            Request::ReserveBatch(items.iter().map(decode_reserve).collect())
+            Request::ReserveBatch(items.iter().map(|item| decode_reserve(item)).collect())
         }
         "complete" => Request::Complete(decode_complete(&Value::Object(obj))),
         "complete_batch" => {
             let items = batch_items(&obj, "complete_batch", max_batch_items)?;
-            Request::CompleteBatch(items.iter().map(decode_complete).collect())
+            Request::CompleteBatch(items.iter().map(|item| decode_complete(item)).collect())
         }
         "cancel" => Request::Cancel {
             transfer_id: to_str(key(&obj, "transfer_id")?),
@@ -352,27 +356,94 @@ pub fn parse_json(frame: &[u8]) -> Result<Value, WireError> {
     parse_json_general(frame)
 }
 
-/// [`parse_json`] through `serde_json` alone.
+/// Deepest nesting of arrays and objects read. Python's `json.loads` reads deeper
+/// frames until its recursion limit (just under 1000 levels for CPython 3.11, less the
+/// caller's own stack); anything deeper is `malformed control request` there too.
+pub const MAX_NESTING: usize = 900;
+
+/// [`parse_json`] through `serde_json` alone, with what `json.loads` accepts beyond
+/// strict JSON: lone surrogate escapes, the `NaN`, `Infinity` and `-Infinity` constants,
+/// and nesting up to [`MAX_NESTING`]. An integer literal of more than
+/// [`pyjson::INT_MAX_STR_DIGITS`] digits fails, as Python's `int` conversion does.
 pub fn parse_json_general(frame: &[u8]) -> Result<Value, WireError> {
     let text = std::str::from_utf8(frame).map_err(|_| WireError::Malformed)?;
-    match serde_json::from_str(text) {
-        Ok(v) => Ok(v),
+    if nesting_depth(text) > MAX_NESTING {
+        return Err(WireError::Malformed);
+    }
+    let value = match from_str_deep(text) {
+        Ok(v) => v,
         Err(_) => {
-            let carried = pyjson::carry_lone_surrogates(text).ok_or(WireError::Malformed)?;
-            serde_json::from_str(&carried).map_err(|_| WireError::Malformed)
+            let constants = pyjson::mark_constants(text);
+            let text = constants.as_ref().map_or(text, |(t, _)| t.as_str());
+            let carried = pyjson::carry_lone_surrogates(text);
+            let text = carried.as_deref().unwrap_or(text);
+            if constants.is_none() && carried.is_none() {
+                return Err(WireError::Malformed);
+            }
+            let mut value = from_str_deep(text).map_err(|_| WireError::Malformed)?;
+            if let Some((_, marks)) = &constants {
+                marks.restore(&mut value);
+            }
+            value
+        }
+    };
+    if pyjson::has_overlong_int(&value) {
+        return Err(WireError::Malformed);
+    }
+    Ok(value)
+}
+
+/// `serde_json` without its own nesting limit ([`nesting_depth`] bounds it first).
+fn from_str_deep(text: &str) -> serde_json::Result<Value> {
+    use serde::Deserialize as _;
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    let value = Value::deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// The deepest nesting of `[`/`{` outside strings.
+fn nesting_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_str, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_str {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
         }
     }
+    max
 }
 
 fn key<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a Value, WireError> {
     obj.get(name).ok_or(WireError::MissingKey(name))
 }
 
-fn batch_items<'a>(obj: &'a Map<String, Value>, op: &'static str, limit: usize) -> Result<&'a [Value], WireError> {
-    match key(obj, "items")? {
-        Value::Array(items) if items.len() > limit => Err(WireError::BatchTooLarge { op, count: items.len(), limit }),
-        Value::Array(items) => Ok(items),
-        other => Err(WireError::NotIterable(type_name(other))),
+/// The items of a batch op as Python's `for item in request["items"]` sees them: a
+/// list's items, a string's characters, a dict's keys.
+fn batch_items<'a>(
+    obj: &'a Map<String, Value>,
+    op: &'static str,
+    limit: usize,
+) -> Result<Vec<std::borrow::Cow<'a, Value>>, WireError> {
+    let items = key(obj, "items")?;
+    match pyjson::iter_len(items) {
+        Some(count) if count > limit => Err(WireError::BatchTooLarge { op, count, limit }),
+        _ => pyjson::iterate(items).map_err(WireError::NotIterable),
     }
 }
 
@@ -383,31 +454,77 @@ fn item_object(item: &Value) -> Result<&Map<String, Value>, WireError> {
     }
 }
 
-fn non_negative(field: &'static str, v: &Value) -> Result<u64, WireError> {
-    let n = to_int(v).map_err(WireError::BadInt)?;
-    if n < 0 {
-        return Err(WireError::Negative { field, value: n });
-    }
-    u64::try_from(n).map_err(|_| WireError::ShapeMismatch)
+/// A reserve payload no destination can be carved for; see [`WireError::Unplaceable`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unplaceable {
+    pub transfer_id: String,
+    pub mm_hash: String,
+    /// The requested size, echoed by a tombstone's `cancelled` reply.
+    pub nbytes: i128,
+    /// What the reference raises where it carves the destination.
+    pub error: String,
 }
 
-/// Validates one reserve payload as the reference worker does before reserving.
+/// Validates one reserve payload as the reference worker does before reserving:
+/// `int()` of `nbytes` and of every item of `shape` (any iterable), the dtype name looked
+/// up on `torch`, and `prod(shape) * itemsize == nbytes`.
 pub fn decode_reserve(item: &Value) -> Result<ReserveRequest, WireError> {
     let obj = item_object(item)?;
     let transfer_id = to_str(key(obj, "transfer_id")?);
     let mm_hash = to_str(key(obj, "mm_hash")?);
-    let nbytes = non_negative("nbytes", key(obj, "nbytes")?)?;
-    let shape = match key(obj, "shape")? {
-        Value::Array(dims) => dims.iter().map(|d| non_negative("shape", d)).collect::<Result<Vec<u64>, _>>()?,
-        other => return Err(WireError::NotIterable(type_name(other))),
-    };
+    let nbytes = to_int(key(obj, "nbytes")?).map_err(WireError::BadInt)?;
+    let dims = pyjson::iterate(key(obj, "shape")?)
+        .map_err(WireError::NotIterable)?
+        .iter()
+        .map(|d| to_int(d).map_err(WireError::BadInt))
+        .collect::<Result<Vec<i128>, _>>()?;
     let dtype_name = to_str(key(obj, "dtype")?);
     let dtype = DType::from_name(&dtype_name).ok_or_else(|| WireError::UnsupportedDtype(str_repr(&dtype_name)))?;
-    let expected = shape.iter().try_fold(dtype.itemsize(), |acc, &d| acc.checked_mul(d));
+    let expected = dims.iter().try_fold(i128::from(dtype.itemsize()), |acc, &d| acc.checked_mul(d));
     if expected != Some(nbytes) {
         return Err(WireError::ShapeMismatch);
     }
-    Ok(ReserveRequest { transfer_id, mm_hash, nbytes, shape, dtype })
+    let shape: Option<Vec<u64>> = dims.iter().map(|&d| u64::try_from(d).ok()).collect();
+    match (u64::try_from(nbytes).ok(), shape) {
+        (Some(nbytes), Some(shape)) => Ok(ReserveRequest { transfer_id, mm_hash, nbytes, shape, dtype }),
+        _ => Err(WireError::Unplaceable(Box::new(Unplaceable {
+            transfer_id,
+            mm_hash,
+            nbytes,
+            error: view_error(nbytes, &dims),
+        }))),
+    }
+}
+
+/// What the reference raises carving a destination of `nbytes` viewed as `dims`:
+/// `narrow()` refuses a negative length; `view()` then applies torch's shape inference
+/// (one `-1` may be inferred, other negative sizes are invalid). More bytes than an
+/// address holds cannot be allocated at all.
+fn view_error(nbytes: i128, dims: &[i128]) -> String {
+    if nbytes < 0 {
+        return "narrow(): length must be non-negative.".into();
+    }
+    let mut inferred = false;
+    for &d in dims {
+        if d == -1 {
+            if inferred {
+                return "only one dimension can be inferred".into();
+            }
+            inferred = true;
+        } else if d < 0 {
+            return format!("invalid shape dimension {d}");
+        }
+    }
+    if inferred {
+        // One `-1` and no other negative size: the product is zero, so is `nbytes`.
+        let shape: Vec<String> = dims.iter().map(i128::to_string).collect();
+        return format!(
+            "cannot reshape tensor of 0 elements into shape [{}] because the unspecified dimension size -1 can be any \
+             value and is ambiguous",
+            shape.join(", ")
+        );
+    }
+    "EC consumer buffer pool is full".into()
 }
 
 fn decode_complete(item: &Value) -> Result<CompleteItem, WireError> {
@@ -436,7 +553,8 @@ pub struct CancelledResult {
     pub reservation_id: &'static str,
     pub dst_session: &'static str,
     pub dst_ptr: u64,
-    pub nbytes: u64,
+    /// The requested size as the request gave it (negative for an unplaceable one).
+    pub nbytes: i128,
     pub write: bool,
     pub ready: bool,
     pub cancelled: bool,
@@ -444,7 +562,7 @@ pub struct CancelledResult {
 
 impl CancelledResult {
     /// The reference's fixed shape, echoing the requested size.
-    pub fn new(nbytes: u64) -> Self {
+    pub fn new(nbytes: i128) -> Self {
         CancelledResult {
             reservation_id: "",
             dst_session: "",
@@ -691,7 +809,11 @@ pub fn encode_reserve_ok(reply: &ReserveReply) -> Vec<u8> {
             reservation_id: JsonText::Text(c.reservation_id),
             dst_session: JsonText::Text(c.dst_session),
             dst_ptr: c.dst_ptr,
-            nbytes: c.nbytes,
+            nbytes: match u64::try_from(c.nbytes) {
+                Ok(n) => n,
+                // A negative echo is rare enough for the general writer.
+                Err(_) => return encode_ok_general(reply),
+            },
             write: c.write,
             ready: c.ready,
             last: LastFlag::Cancelled(c.cancelled),

@@ -1,4 +1,4 @@
-//! The W1 session messages (mainline wire, spec 2.1-2.2) and their validation.
+//! The W1 session messages (mainline wire, p2p-behaviour.md §2.1-2.2) and their validation.
 //!
 //! Validation follows the reference's `isinstance` rules, so a `bool` passes where an
 //! `int` is expected (Python's `bool` is an `int`). A failure is a protocol error; unknown

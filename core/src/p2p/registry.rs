@@ -1,17 +1,23 @@
-//! `ConnectionRegistry`: every decision of the P2P control transport (spec 1.7-1.10).
+//! `ConnectionRegistry`: every decision of the P2P control transport (p2p-behaviour.md §1.7-1.10).
 //!
 //! The driver owns one ROUTER, one DEALER plus one monitor PAIR per peer. It gathers what
-//! the sockets hold (ROUTER messages, at most one monitor event per connection) into a
+//! the sockets hold (ROUTER messages, each connection's monitor events up to its first fatal one) into a
 //! [`PollInput`] for [`ConnectionRegistry::poll`] (or lends them to
 //! [`ConnectionRegistry::poll_frames`]), and carries out the [`Action`]s the registry
 //! queues (open or close a DEALER and its monitor, transmit a frame). The registry decides who is registered, who is alive, what is swept, in which
 //! order, and which peers are new.
 //!
+//! Every ROUTER message passes the peer check ([`super::peer_check`]) with the source
+//! address the driver read off it before it is routed or its sender accepted.
+//!
 //! The T0 lineage's behaviours are kept behind [`T0Switches`], off by default, so the
-//! simulator can re-find the races they caused (spec 5, S1-S4).
+//! simulator can re-find the races they caused (p2p-behaviour.md §5, S1-S4; S18 for the
+//! reference's trusted identities).
 
+use super::options::{self, SendMode};
+use super::peer_check::PeerCheck;
 use super::value::{self, Value};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Deref;
 use thiserror::Error;
 
@@ -20,6 +26,10 @@ pub const MAX_CONTROL_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Largest encoding buffer `send` keeps between calls.
 const KEPT_SCRATCH_BYTES: usize = 64 * 1024;
+
+/// Refused identities remembered so each is warned about once; past this many, further
+/// ones are only counted (a sender inventing identities must not grow the set).
+const MAX_REFUSED_WARNED: usize = 1024;
 
 /// Handle of one opened connection (its DEALER and monitor); never reused.
 pub type ConnId = u64;
@@ -35,6 +45,12 @@ pub struct T0Switches {
     pub monitor_without_seq: bool,
     /// S1: `connect` refuses any registered peer, dead or alive.
     pub connect_refuses_any: bool,
+    /// Blocking send at HWM: a send to a full DEALER waits for room (the seed), so one peer
+    /// that stops reading stalls the caller and every other session behind it.
+    pub blocking_send_at_hwm: bool,
+    /// S18: an inbound identity is trusted as the address to dial back, whatever the
+    /// connection's source (the peer check is skipped).
+    pub trust_identity: bool,
 }
 
 /// Tunables of the registry.
@@ -46,17 +62,20 @@ pub struct RegistryConfig {
     pub max_peers: Option<usize>,
     /// Largest inbound or outbound payload (T2); `None` = unbounded (T1).
     pub max_message_bytes: Option<usize>,
+    /// Which inbound identities may be dialled back (strict by default).
+    pub peer_check: PeerCheck,
     /// Regression switches.
     pub t0: T0Switches,
 }
 
 impl RegistryConfig {
-    /// Mainline (T1) behaviour for `local_id`.
+    /// Mainline (T1) behaviour for `local_id`, with the strict peer check.
     pub fn new(local_id: impl Into<String>) -> Self {
         RegistryConfig {
             local_id: local_id.into(),
             max_peers: None,
             max_message_bytes: None,
+            peer_check: PeerCheck::default(),
             t0: T0Switches::default(),
         }
     }
@@ -72,13 +91,14 @@ pub enum Direction {
 /// Something for the driver to do with its sockets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Create a DEALER (heartbeat options, routing identity), start its monitor for
-    /// DISCONNECTED on `monitor`, connect a PAIR to it, then connect the DEALER to
-    /// `endpoint`.
+    /// Create a DEALER (heartbeat options, routing identity, `options::DEALER_SNDHWM`,
+    /// `options::DEALER_LINGER`), start its monitor for `options::MONITOR_EVENT_MASK` on
+    /// `monitor`, connect a PAIR to it, then connect the DEALER to `endpoint`.
     OpenDealer { conn: ConnId, peer: String, endpoint: String, identity: String, monitor: String },
     /// Close the monitor PAIR, then the DEALER.
     CloseDealer { conn: ConnId, peer: String },
-    /// Send one frame on the connection's DEALER.
+    /// Send one frame on the connection's DEALER, as [`ConnectionRegistry::send_mode`]
+    /// says; a refusal for a full queue is reported with [`ConnectionRegistry::queue_full`].
     Transmit { conn: ConnId, frame: Vec<u8> },
 }
 
@@ -87,8 +107,33 @@ pub enum Action {
 pub enum MonitorEvent {
     /// `ZMQ_EVENT_DISCONNECTED`: the DEALER's TCP link dropped (peer exit or heartbeat).
     Disconnected,
-    /// Anything else (not subscribed by the reference; ignored).
+    /// `ZMQ_EVENT_CLOSED`: a connect attempt's socket was closed (refused, unreachable).
+    Closed,
+    /// One of the `ZMQ_EVENT_HANDSHAKE_FAILED_*` events (its code): the ZMTP handshake
+    /// with the peer failed (protocol, security or a link lost during it).
+    HandshakeFailed(u16),
+    /// Anything else (not subscribed; ignored).
     Other(u16),
+}
+
+impl MonitorEvent {
+    /// The event of a libzmq event code.
+    pub fn from_code(code: u16) -> MonitorEvent {
+        match code {
+            options::EVENT_DISCONNECTED => MonitorEvent::Disconnected,
+            options::EVENT_CLOSED => MonitorEvent::Closed,
+            options::EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | options::EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | options::EVENT_HANDSHAKE_FAILED_AUTH => MonitorEvent::HandshakeFailed(code),
+            other => MonitorEvent::Other(other),
+        }
+    }
+
+    /// Whether the event ends the connection. A driver reads a connection's monitor until
+    /// it is empty or until the first fatal event, leaving the rest unread.
+    pub fn is_fatal(self) -> bool {
+        !matches!(self, MonitorEvent::Other(_))
+    }
 }
 
 /// What the sockets held at the start of one `poll`.
@@ -96,7 +141,11 @@ pub enum MonitorEvent {
 pub struct PollInput {
     /// ROUTER messages in arrival order, each as its frames.
     pub router: Vec<Vec<Vec<u8>>>,
-    /// At most one monitor event per connection.
+    /// The source address of `router[i]`'s connection (libzmq's `Peer-Address`); a
+    /// missing entry or `None` is unknown.
+    pub sources: Vec<Option<String>>,
+    /// Monitor events per connection, in the order read: each connection's events up to
+    /// and including its first fatal one.
     pub monitor: Vec<(ConnId, MonitorEvent)>,
 }
 
@@ -124,6 +173,10 @@ pub enum TransportError {
     /// The transport was closed.
     #[error("transport is closed")]
     Closed,
+    /// The DEALER already queues `options::DEALER_SNDHWM` messages for the peer: it stopped
+    /// reading. The owning session treats the connection as dead.
+    #[error("ZmqConnection: send queue to {peer} is full")]
+    QueueFull { peer: String },
 }
 
 #[derive(Clone, Debug)]
@@ -149,8 +202,12 @@ pub struct RegistryStats {
     pub dealers_closed: u64,
     pub frames_dropped: u64,
     pub messages_routed: u64,
+    /// ROUTER messages dropped because the peer check refused their sender.
+    pub messages_refused: u64,
     /// Messages thrown away inside connections swept with a non-empty inbox.
     pub messages_lost_in_sweep: u64,
+    /// Sends refused because the peer's queue was full.
+    pub sends_refused_full: u64,
 }
 
 /// The P2P transport's connection map and poll ordering.
@@ -166,6 +223,8 @@ pub struct ConnectionRegistry {
     closed: bool,
     /// Encoding buffer of `send`, kept between calls.
     scratch: Vec<u8>,
+    /// Identities already warned about as refused.
+    refused_warned: BTreeSet<String>,
 }
 
 impl ConnectionRegistry {
@@ -180,6 +239,7 @@ impl ConnectionRegistry {
             stats: RegistryStats::default(),
             closed: false,
             scratch: Vec::new(),
+            refused_warned: BTreeSet::new(),
         }
     }
 
@@ -266,6 +326,26 @@ impl ConnectionRegistry {
         Ok(())
     }
 
+    /// How drivers hand frames to a DEALER: never blocking, unless the seed's blocking send
+    /// is restored for a regression run.
+    pub fn send_mode(&self) -> SendMode {
+        if self.config.t0.blocking_send_at_hwm {
+            SendMode::BlockAtHwm
+        } else {
+            SendMode::NonBlocking
+        }
+    }
+
+    /// The driver found `conn`'s DEALER queue full: the error the caller gets. The
+    /// connection stays registered; its session decides it is dead (as the reference's
+    /// owning session does on `ConnectionError`).
+    pub fn queue_full(&mut self, conn: ConnId) -> TransportError {
+        self.stats.sends_refused_full += 1;
+        let peer = self.conns.iter().find(|(_, c)| c.id == conn).map(|(p, _)| p.clone()).unwrap_or_default();
+        tracing::warn!(%peer, "send queue full: the peer stopped reading");
+        TransportError::QueueFull { peer }
+    }
+
     /// Whether `peer` has a registered, live connection.
     pub fn is_alive(&self, peer: &str) -> bool {
         self.conns.get(peer).is_some_and(Connection::alive)
@@ -308,16 +388,18 @@ impl ConnectionRegistry {
     /// first keeps a reconnecting peer's first message out of a dead registration (S2);
     /// sweeping again before accept retires peers that died in this poll.
     pub fn poll(&mut self, input: PollInput) -> Vec<String> {
-        self.poll_frames(input.router.iter().map(Vec::as_slice), &input.monitor)
+        let sources = input.sources.iter().map(Option::as_deref).chain(std::iter::repeat(None));
+        self.poll_frames(input.router.iter().map(Vec::as_slice).zip(sources), &input.monitor)
     }
 
     /// [`Self::poll`] over ROUTER messages whose frames the driver still holds (libzmq's
-    /// own messages, for one). The same decisions in the same order; only what a
-    /// connection keeps (the decoded message, the id of a new peer) is copied out, so
-    /// routing a message allocates nothing before decode.
+    /// own messages, for one), each with its connection's source address. The same
+    /// decisions in the same order; only what a connection keeps (the decoded message, the
+    /// id of a new peer) is copied out, so routing a message allocates nothing before
+    /// decode.
     pub fn poll_frames<'f, F>(
         &mut self,
-        router: impl IntoIterator<Item = &'f [F]>,
+        router: impl IntoIterator<Item = (&'f [F], Option<&'f str>)>,
         monitor: &[(ConnId, MonitorEvent)],
     ) -> Vec<String>
     where
@@ -424,15 +506,19 @@ impl ConnectionRegistry {
         }
     }
 
-    /// Routes ROUTER messages into registered connections; the rest wait for accept.
-    fn route<'f, F>(&mut self, messages: impl IntoIterator<Item = &'f [F]>) -> Vec<(String, Value)>
+    /// Routes ROUTER messages into registered connections; the rest wait for accept. A
+    /// message whose identity the peer check refuses is dropped, whether or not its
+    /// identity is registered: it came from somewhere else than the peer it names.
+    fn route<'f, F>(&mut self, messages: impl IntoIterator<Item = (&'f [F], Option<&'f str>)>) -> Vec<(String, Value)>
     where
         F: Deref<Target = [u8]> + 'f,
     {
         let mut pending = Vec::new();
         // The identity last checked for UTF-8: a drain is mostly runs of one sender.
         let mut last: Option<(&'f [u8], &'f str)> = None;
-        for frames in messages {
+        // The (identity, source) last admitted, for the same reason.
+        let mut last_admitted: Option<(&'f str, Option<&'f str>)> = None;
+        for (frames, source) in messages {
             let [identity, payload] = frames else {
                 self.stats.frames_dropped += 1;
                 tracing::warn!("dropping message with {} frames (expected 2)", frames.len());
@@ -453,6 +539,12 @@ impl ConnectionRegistry {
                     }
                 },
             };
+            if last_admitted != Some((sender, source)) {
+                if !self.admits(sender, source) {
+                    continue;
+                }
+                last_admitted = Some((sender, source));
+            }
             let payload: &[u8] = payload;
             if let Some(limit) = self.config.max_message_bytes {
                 if payload.len() > limit {
@@ -480,14 +572,38 @@ impl ConnectionRegistry {
         pending
     }
 
+    /// The peer check for one message; a refusal is counted and warned about once per
+    /// identity.
+    fn admits(&mut self, sender: &str, source: Option<&str>) -> bool {
+        if self.config.t0.trust_identity {
+            return true;
+        }
+        let Err(refusal) = self.config.peer_check.admit(sender, source) else { return true };
+        self.stats.messages_refused += 1;
+        let source = source.unwrap_or("unknown");
+        if self.refused_warned.contains(sender) {
+            tracing::debug!(peer = %sender, %source, %refusal, "dropping message from a refused peer");
+        } else if self.refused_warned.len() < MAX_REFUSED_WARNED {
+            self.refused_warned.insert(sender.to_string());
+            tracing::warn!(peer = %sender, %source, %refusal, "refusing inbound peer: it will not be dialled back");
+            if self.refused_warned.len() == MAX_REFUSED_WARNED {
+                tracing::warn!("{MAX_REFUSED_WARNED} inbound identities refused; further ones are only counted");
+            }
+        } else {
+            tracing::debug!(peer = %sender, %source, %refusal, "refusing inbound peer");
+        }
+        false
+    }
+
     fn check_monitors(&mut self, events: &[(ConnId, MonitorEvent)]) {
+        // The first fatal event of a live connection kills it; the others find it dead.
         for &(conn, event) in events {
-            if event != MonitorEvent::Disconnected {
+            if !event.is_fatal() {
                 continue;
             }
             let peer = self.conns.iter().find(|(_, c)| c.id == conn && c.alive()).map(|(p, _)| p.clone());
             if let Some(peer) = peer {
-                tracing::info!(peer = %peer, "control connection disconnected");
+                tracing::info!(peer = %peer, ?event, "control connection lost");
                 self.mark_dead(&peer);
             }
         }

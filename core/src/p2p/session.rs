@@ -1,4 +1,4 @@
-//! `HandshakeSession`: the W1 handshake over one control connection (spec 2.3, 2.9).
+//! `HandshakeSession`: the W1 handshake over one control connection (p2p-behaviour.md §2.3, §2.9).
 //!
 //! Both sides announce themselves with a Connect when a connection is attached; a valid
 //! Connect from the peer registers it and is answered with a ConnectAck; the session is

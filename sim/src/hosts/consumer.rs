@@ -76,7 +76,7 @@ pub async fn run(host: String) -> turmoil::Result {
     crate::trace::record(&host, "ec.shard.start", &[("incarnation", &incarnation), ("event_port", &event_port)]);
 
     let stop = serve(&host, incarnation, consumer, rank, &shard, &rep, &push).await;
-    // Afterwards clients only see timeouts (spec 2.5, races S1, S2).
+    // Afterwards clients only see timeouts (ec-behaviour.md §2.5, races S1, S2).
     crate::trace::record(&host, "ec.shard.stopped", &[("why", &stop.why())]);
     if let Stop::Halted(why) = &stop {
         // The reference's `finally` closes the REP with linger 0 while the process stays

@@ -4,13 +4,13 @@
 //! The workload hands it push batches; each is reserved at once and its source bound when
 //! the encoder finishes. Every [`Transmit::Request`] runs as a task over one of the host's
 //! [`ControlClient`]s, the reference's worker threads with their own REQ socket per (thread,
-//! address) (spec ec-control.md section 5): the coordinator keeps at most as many requests
+//! address) (ec-behaviour.md §5): the coordinator keeps at most as many requests
 //! in flight per shard address as there are clients (one by default), and the host hands
 //! each to a client whose socket for that address is idle. Every [`Transmit::Write`] runs
 //! as a task that waits out the device's latency and lands the write, where the ownership
 //! ledger checks it.
 //!
-//! `push-settled` (spec S17, S18): the driver releases a batch's source when the
+//! `push-settled` (ec-behaviour.md S17, S18): the driver releases a batch's source when the
 //! coordinator reports the batch done, so none of the requests or writes the host carries
 //! for that batch may still be outstanding then.
 

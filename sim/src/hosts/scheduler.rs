@@ -335,7 +335,7 @@ async fn cancel_worker(
             world::with(|w| w.count("cancel.undiscovered", 1));
             continue;
         };
-        let frame = requests::cancel(&transfer_id, "", false, false);
+        let frame = requests::make_cancel_request(&transfer_id, "", false, false);
         let mut sent = BTreeMap::new();
         for shard in &shards {
             let mut ok = false;

@@ -35,7 +35,7 @@ pub struct WorkloadConfig {
     /// one (`None`: production's single wave). A scenario sets it past the heal and every
     /// client timeout, to see whether the service works again once the faults are gone.
     pub late_wave: Option<(Duration, Duration)>,
-    /// Encoder calls the proxy retries (`None`: production's workload, no retry). Spec S24:
+    /// Encoder calls the proxy retries (`None`: production's workload, no retry). ec-behaviour.md S24:
     /// transfer ids may be client-supplied, so a retried request carries the same ids and
     /// its push runs on another producer while the first one is still on its way.
     pub retry: Option<RetryConfig>,
@@ -119,7 +119,7 @@ pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &m
 
 /// Marks the retried requests: each retry starts `after` its request, on another producer.
 /// With one producer there is none: its push manager would merge the duplicate spec into
-/// the push in flight (spec 3.9).
+/// the push in flight (ec-behaviour.md §3.9).
 fn draw_retries(config: &RetryConfig, producers: usize, rng: &mut ChaCha8Rng, out: &mut [Request]) {
     if producers < 2 {
         return;

@@ -136,7 +136,7 @@ pub fn registered(host: &str, inc: u32, conns: &BTreeSet<u64>) {
 
 /// `host` (incarnation `inc`) is about to hold `sockets` sockets in its context, whose
 /// limit is `max`. `sockets-bounded`: the P2P transport never needs more sockets than
-/// libzmq's context allows (spec p2p S10: about 340 unreachable peers exhaust 1023, and
+/// libzmq's context allows (p2p-behaviour.md S10: about 340 unreachable peers exhaust 1023, and
 /// EngineCore dies). Reported once per incarnation.
 pub fn sockets_needed(host: &str, inc: u32, sockets: usize, max: usize) {
     if sockets <= max {

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
 use ctlplane_core::p2p::messages::Message;
+use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
+use ctlplane_core::p2p::registry::Direction;
 use ctlplane_core::p2p::session::{DeathReason, HandshakeSession, SessionConfig, SessionEvent, HANDSHAKE_TIMEOUT};
 use ctlplane_core::p2p::{
     value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
@@ -36,13 +38,16 @@ pub const HEARTBEAT_TTL: Duration = Duration::from_millis(10_000);
 /// Requests a session may have unanswered before the peer stops sending it more.
 const MAX_OUTSTANDING: usize = 32;
 /// libzmq's default `ZMQ_MAX_SOCKETS` per context: creating one more socket fails with
-/// EMFILE (spec p2p S10, GHSA-frvg-qw88-hww9).
+/// EMFILE (p2p-behaviour.md S10, GHSA-frvg-qw88-hww9).
 pub const MAX_SOCKETS: usize = 1023;
 /// Sockets one connection holds: its DEALER, the monitor PAIR reading it and libzmq's
 /// own PAIR publishing the monitor events.
 const SOCKETS_PER_CONNECTION: usize = 3;
 /// First port of the unreachable peers a peer flood names (nothing listens there).
 const FLOOD_PORT: u16 = PORT + 1;
+/// `p2p-progress`: the longest a manager tick may take. Nothing in a tick waits (every
+/// send is non-blocking), so a longer one blocked, and every session of the peer waited.
+pub const MAX_TICK: Duration = Duration::from_secs(1);
 
 /// Settings of every peer of a run beyond the T0 switches: the scenario's knobs and the
 /// manager's regression switch.
@@ -85,14 +90,17 @@ fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
+/// The ROUTER's options (`identity` `None`) or a DEALER's, with the core's high-water mark
+/// and linger.
 fn options(identity: Option<&str>) -> SocketOptions {
+    let linger = if identity.is_some() { DEALER_LINGER } else { ROUTER_LINGER };
     SocketOptions {
         heartbeat_ivl: Some(HEARTBEAT_IVL),
         heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
         heartbeat_ttl: Some(HEARTBEAT_TTL),
         routing_id: identity.map(|i| i.as_bytes().to_vec()),
-        // The production driver closes every DEALER with linger 0.
-        linger: Duration::ZERO,
+        sndhwm: usize::try_from(DEALER_SNDHWM).unwrap_or(1000),
+        linger,
         ..SocketOptions::default()
     }
 }
@@ -134,6 +142,8 @@ struct Peer {
     settings: PeerSettings,
     /// The topology's peers (a flood's unreachable peers are not reconnected).
     known: BTreeSet<String>,
+    /// DEALERs a forged-identity fault opened from this host (kept open, as an attacker's).
+    forged: Vec<Socket>,
     /// An error escaped into the engine loop: the mainline manager has no error boundary
     /// around the transport (the one of PR #51504 comes with `max_peers`), so EngineCore dies.
     fatal: Option<String>,
@@ -170,11 +180,27 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         rng,
         settings: cfg.settings,
         known,
+        forged: Vec::new(),
         fatal: None,
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
     loop {
+        if let Some(until) = faults::stopped_until(&name) {
+            // The application stops reading; the sockets' I/O (heartbeats) goes on.
+            trace::record(&name, "p2p.stop_reading", &[("until", &until)]);
+            clock::sleep_until(until).await;
+        }
+        let started = clock::now();
         peer.tick().await;
+        let took = clock::now().saturating_duration_since(started);
+        if took > MAX_TICK {
+            let starved: Vec<&str> = peer.sessions.keys().map(String::as_str).collect();
+            oracle::violate(
+                "p2p-progress",
+                &name,
+                format!("one manager tick took {took:?}: sessions with {} made no progress", starved.join(", ")),
+            );
+        }
         if peer.fatal.is_some() {
             break;
         }
@@ -217,6 +243,9 @@ impl Peer {
         if let Some(n) = faults::take_flood(&self.name) {
             self.flood(n, now).await;
         }
+        for (to, claims) in faults::take_forged(&self.name) {
+            self.forge(&to, &claims);
+        }
         if self.fatal.is_some() {
             return;
         }
@@ -229,15 +258,20 @@ impl Peer {
         ledger::registered(&self.name, self.inc, &conns);
     }
 
-    /// Gathers the ROUTER's messages and one monitor event per live connection, lets the
-    /// registry decide, carries out its actions and sets up sessions for accepted peers.
+    /// Gathers the ROUTER's messages and each live connection's monitor events (up to its
+    /// first fatal one), lets the registry decide, carries out its actions and sets up sessions for accepted peers.
     async fn poll_transport(&mut self) -> Vec<String> {
         let before: BTreeMap<String, (ConnId, bool)> =
             self.registry.connections().into_iter().map(|(p, c, a)| (p, (c, a))).collect();
         let mut input = PollInput::default();
         loop {
-            match self.router.try_recv() {
-                Ok(frames) => input.router.push(frames),
+            match self.router.try_recv_with_peer() {
+                Ok((frames, source)) => {
+                    input.router.push(frames);
+                    // Peer ids here are host names, so the source is reported by the name
+                    // of the host that has the address.
+                    input.sources.push(source.and_then(turmoil::reverse_lookup));
+                }
                 Err(ZmqError::Again) => break,
                 Err(e) => {
                     trace::record(&self.name, "p2p.router_error", &[("error", &e)]);
@@ -247,15 +281,13 @@ impl Peer {
         }
         for (_, conn, alive) in self.registry.connections() {
             let Some(d) = self.dealers.get(&conn).filter(|_| alive) else { continue };
-            if let Ok(msg) = d.pair.try_recv() {
-                if let Some((event, _, _)) = monitor::decode(&msg) {
-                    let ev = if event == monitor::DISCONNECTED {
-                        MonitorEvent::Disconnected
-                    } else {
-                        MonitorEvent::Other(event)
-                    };
-                    trace::record(&self.name, "p2p.monitor", &[("peer", &d.peer), ("conn", &conn), ("event", &event)]);
-                    input.monitor.push((conn, ev));
+            while let Ok(msg) = d.pair.try_recv() {
+                let Some((event, _, _)) = monitor::decode(&msg) else { continue };
+                let ev = MonitorEvent::from_code(event);
+                trace::record(&self.name, "p2p.monitor", &[("peer", &d.peer), ("conn", &conn), ("event", &event)]);
+                input.monitor.push((conn, ev));
+                if ev.is_fatal() {
+                    break;
                 }
             }
         }
@@ -271,7 +303,12 @@ impl Peer {
                 }
             }
         }
+        let refused_before = self.registry.stats().messages_refused;
         let accepted = self.registry.poll(input);
+        let refused = self.registry.stats().messages_refused - refused_before;
+        if refused > 0 {
+            trace::record(&self.name, "p2p.refused", &[("messages", &refused)]);
+        }
         // A poll queues opens and closes only; a failed open retires its connection itself.
         let _ = self.carry_out().await;
         for (id, (old, n)) in reconnecting {
@@ -525,7 +562,7 @@ impl Peer {
     }
 
     /// A peer flood: `n` requests name distinct peers where nothing listens, each opening a
-    /// connection and a session that never handshakes (spec p2p S10).
+    /// connection and a session that never handshakes (p2p-behaviour.md S10).
     async fn flood(&mut self, n: u32, now: Instant) {
         trace::record(&self.name, "p2p.flood", &[("count", &n)]);
         for i in 0..n {
@@ -537,12 +574,29 @@ impl Peer {
         }
     }
 
+    /// A forged-identity fault: one well-formed message to `to`'s ROUTER from a DEALER of
+    /// our own whose routing identity claims to be `claims`.
+    fn forge(&mut self, to: &str, claims: &str) {
+        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(claims)));
+        let connected = dealer.connect(&format!("tcp://{to}:{PORT}"));
+        let frame = value::encode(&value::Value::map([
+            ("type", value::Value::from("connect")),
+            ("peer_id", value::Value::from(claims)),
+        ]));
+        let sent = connected.and_then(|()| dealer.try_send(vec![frame]));
+        trace::record(&self.name, "p2p.forged_sent", &[("to", &to), ("claims", &claims), ("ok", &sent.is_ok())]);
+        self.forged.push(dealer);
+    }
+
     /// Seeded requests to some of the peers, and any malformed frames a fault asks for.
     async fn traffic(&mut self) {
         let peers: Vec<String> = self.sessions.keys().cloned().collect();
         for peer in peers {
             if let Some(frame) = faults::take_malformed_to(&self.name, host_of(&peer), true) {
                 self.send_raw(&peer, frame);
+            }
+            if let Some(n) = faults::take_burst(&self.name, host_of(&peer)) {
+                self.burst(&peer, n).await;
             }
             if !self.rng.gen_bool(0.7) {
                 continue;
@@ -575,6 +629,17 @@ impl Peer {
         }
     }
 
+    /// `n` lookups to `peer` in one go, not waited for (the peer stopped reading).
+    async fn burst(&mut self, peer: &str, n: u32) {
+        let Some(s) = self.sessions.get_mut(peer).filter(|s| s.session.is_ready()) else { return };
+        trace::record(&self.name, "p2p.burst", &[("peer", &peer), ("count", &n)]);
+        for i in 0..n {
+            let kv = format!("{}.{}.burst{i}", self.name, self.inc);
+            let _ = s.session.send(Message::Lookup { kv_request_id: kv, keys: vec![vec![0]], round_seq: 0 });
+        }
+        self.flush(peer).await;
+    }
+
     /// A frame straight onto `peer`'s DEALER, past the registry and the session (a
     /// malformed-frame fault).
     fn send_raw(&mut self, peer: &str, frame: Vec<u8>) {
@@ -595,6 +660,13 @@ impl Peer {
         while let Some(action) = self.registry.poll_action() {
             match action {
                 Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
+                    if self.registry.direction(&peer) == Some(Direction::Inbound) && !self.known.contains(&peer) {
+                        oracle::violate(
+                            "p2p-dial-non-peer",
+                            &self.name,
+                            format!("an inbound message made this node dial {endpoint}, which is not a peer"),
+                        );
+                    }
                     let sockets = 1 + SOCKETS_PER_CONNECTION * (self.dealers.len() + 1);
                     ledger::sockets_needed(&self.name, self.inc, sockets, MAX_SOCKETS);
                     let opened = if sockets > MAX_SOCKETS {
@@ -636,11 +708,17 @@ impl Peer {
                     }
                 }
                 Action::Transmit { conn, frame } => {
-                    let result = match self.dealers.get(&conn) {
-                        Some(d) => {
-                            d.dealer.try_send(vec![frame]).map_err(|e| format!("send to {} failed: {e}", d.peer))
+                    let result = match (self.dealers.get(&conn), self.registry.send_mode()) {
+                        (Some(d), SendMode::NonBlocking) => match d.dealer.try_send(vec![frame]) {
+                            Ok(()) => Ok(()),
+                            Err(ZmqError::Again) => Err(self.registry.queue_full(conn).to_string()),
+                            Err(e) => Err(format!("send to {} failed: {e}", d.peer)),
+                        },
+                        // The seed's send: this whole peer waits for room (race p2p-hwm).
+                        (Some(d), SendMode::BlockAtHwm) => {
+                            d.dealer.send(vec![frame]).await.map_err(|e| format!("send to {} failed: {e}", d.peer))
                         }
-                        None => Err(format!("no DEALER for connection {conn}")),
+                        (None, _) => Err(format!("no DEALER for connection {conn}")),
                     };
                     if let Err(e) = result {
                         first.get_or_insert(e);
@@ -651,8 +729,9 @@ impl Peer {
         first.map_or(Ok(()), Err)
     }
 
-    /// DEALER with the heartbeat options and our identity, monitored for DISCONNECTED,
-    /// the PAIR connected to the monitor, then the DEALER connected: the reference's order.
+    /// DEALER with the heartbeat options and our identity, monitored for the core's fatal
+    /// events, the PAIR connected to the monitor, then the DEALER connected: the
+    /// reference's order.
     async fn open_dealer(
         &self,
         endpoint: &str,
@@ -660,7 +739,7 @@ impl Peer {
         monitor_ep: &str,
     ) -> Result<(Socket, Socket), ZmqError> {
         let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(identity)));
-        dealer.monitor(monitor_ep, monitor::DISCONNECTED).await?;
+        dealer.monitor(monitor_ep, MONITOR_EVENT_MASK).await?;
         let pair = Socket::new(&self.ctx, SocketType::Pair, SocketOptions::default());
         pair.connect(monitor_ep)?;
         dealer.connect(endpoint)?;

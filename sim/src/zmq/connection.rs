@@ -124,21 +124,25 @@ pub(crate) async fn run(
             Ok(None) => {}
             Err(e) => return finish(&sock, None, &side, &endpoint, fd, End::Protocol(e.to_string())),
         }
-        if sock.borrow().closed {
-            return End::SocketClosed;
+        {
+            let s = sock.borrow();
+            let flushing = matches!(&side, Side::Connect { key } if s.flushing(key));
+            if s.closed && !flushing {
+                return End::SocketClosed;
+            }
         }
         tokio::select! {
             biased;
             _ = shutdown.notified() => {}
             r = rd.read(&mut buf) => match r {
-                Ok(0) => return finish(&sock, None, &side, &endpoint, fd, End::Lost("eof".into())),
+                Ok(0) => return handshake_failed(&sock, &side, &endpoint, fd, End::Lost("eof".into())),
                 Ok(n) => {
                     clock::net_read(peer, local, n);
                     dec.extend(&buf[..n]);
                 }
-                Err(e) => return finish(&sock, None, &side, &endpoint, fd, End::Lost(e.to_string())),
+                Err(e) => return handshake_failed(&sock, &side, &endpoint, fd, End::Lost(e.to_string())),
             },
-            _ = clock::sleep_until(deadline) => return finish(&sock, None, &side, &endpoint, fd, End::TimedOut),
+            _ = clock::sleep_until(deadline) => return handshake_failed(&sock, &side, &endpoint, fd, End::TimedOut),
         }
     };
     if !kind.compatible(peer_greeting.kind) {
@@ -378,6 +382,19 @@ fn identify(s: &mut SocketState, id: u64, routing_id: Vec<u8>) {
     if let Some(pipe) = s.pipes.get_mut(&id) {
         pipe.identity = identity;
     }
+}
+
+/// The link ended before the greeting completed: libzmq reports
+/// HANDSHAKE_FAILED_NO_DETAIL, then DISCONNECTED (a protocol error during the greeting,
+/// such as an incompatible socket type, is reported as DISCONNECTED alone).
+fn handshake_failed(sock: &Rc<RefCell<SocketState>>, side: &Side, endpoint: &str, fd: u32, end: End) -> End {
+    {
+        let s = sock.borrow();
+        if !s.closed {
+            s.emit(monitor::HANDSHAKE_FAILED_NO_DETAIL, 0, endpoint);
+        }
+    }
+    finish(sock, None, side, endpoint, fd, end)
 }
 
 /// Detaches the connection's pipe and reports the end: DISCONNECTED for a connection

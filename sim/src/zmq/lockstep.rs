@@ -1,6 +1,6 @@
 //! Sends a REQ refused because the socket still awaits the reply to its last request
 //! (EFSM). The model answers them as libzmq does; it also keeps a record of each, because
-//! a client that sends on a REQ in that state breaks the lockstep rule (spec ec-control §5:
+//! a client that sends on a REQ in that state breaks the lockstep rule (ec-behaviour.md §5:
 //! after a timeout or an error the socket is discarded and the next request uses a fresh
 //! one), and the `req-lockstep` oracle reads the record after every step.
 

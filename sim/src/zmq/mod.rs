@@ -19,6 +19,11 @@
 //! - A second `connect` to the same TCP endpoint is EINVAL (libzmq opens another pipe).
 //! - High-water marks count the messages queued in a pipe; turmoil's per-stream segment
 //!   credit stands in for the kernel's socket buffers behind them.
+//! - A socket closed with an infinite LINGER drops what a connecting pipe queued before
+//!   any connection carried it (libzmq keeps trying to deliver it forever); with a finite
+//!   LINGER it keeps trying for that long, as libzmq does. A lingering connection that
+//!   flushes its last messages ends at once, so the receiver loses them with its pipe
+//!   (next point) unless it read them first.
 //! - An inproc `connect` before the `bind` is ECONNREFUSED; inproc pipes emit no monitor
 //!   events.
 //! - While a connection's inbox is at RCVHWM it reads nothing, so the bytes behind stay

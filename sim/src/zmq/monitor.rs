@@ -19,7 +19,10 @@ pub const CLOSED: u16 = 0x0080;
 pub const CLOSE_FAILED: u16 = 0x0100;
 pub const DISCONNECTED: u16 = 0x0200;
 pub const MONITOR_STOPPED: u16 = 0x0400;
+pub const HANDSHAKE_FAILED_NO_DETAIL: u16 = 0x0800;
 pub const HANDSHAKE_SUCCEEDED: u16 = 0x1000;
+pub const HANDSHAKE_FAILED_PROTOCOL: u16 = 0x2000;
+pub const HANDSHAKE_FAILED_AUTH: u16 = 0x4000;
 pub const ALL: u16 = 0xffff;
 
 /// libzmq's `EINPROGRESS`, the value of CONNECT_DELAYED.

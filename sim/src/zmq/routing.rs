@@ -1,8 +1,9 @@
 //! What each socket type does with a send or a receive: which pipe, which frames, and
 //! when the answer is EAGAIN, EFSM or EHOSTUNREACH, as libzmq's socket classes decide.
 
-use super::state::SocketState;
+use super::state::{Link, SocketState};
 use super::{Multipart, SocketType, ZmqError};
+use std::net::IpAddr;
 
 impl SocketState {
     /// One non-blocking send (`ZMQ_DONTWAIT`).
@@ -127,6 +128,28 @@ impl SocketState {
             }
             SocketType::Push => Err(ZmqError::Invalid("PUSH cannot receive".into())),
         }
+    }
+
+    /// [`Self::try_recv`] on a ROUTER, with the source address of the connection the
+    /// message came in on (libzmq's `Peer-Address` property); `None` for inproc.
+    pub fn try_recv_with_peer(&mut self) -> Result<(Multipart, Option<IpAddr>), ZmqError> {
+        if self.closed {
+            return Err(ZmqError::Closed);
+        }
+        if self.kind != SocketType::Router {
+            return self.try_recv().map(|m| (m, None));
+        }
+        let (id, msg) = self.fq_pop_from().ok_or(ZmqError::Again)?;
+        let pipe = self.pipes.get(&id);
+        let identity = pipe.map(|p| p.identity.clone()).unwrap_or_default();
+        let peer = pipe.and_then(|p| match p.link {
+            Link::Tcp { peer, .. } => peer,
+            Link::Inproc { .. } => None,
+        });
+        let mut out = Vec::with_capacity(msg.len() + 1);
+        out.push(identity);
+        out.extend(msg);
+        Ok((out, peer))
     }
 
     fn fq_pop(&mut self) -> Option<Multipart> {

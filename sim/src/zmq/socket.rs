@@ -239,6 +239,12 @@ impl Socket {
         self.inner.borrow_mut().try_recv()
     }
 
+    /// `try_recv` on a ROUTER, with the message's `Peer-Address` (its connection's
+    /// source address).
+    pub fn try_recv_with_peer(&self) -> Result<(Multipart, Option<std::net::IpAddr>), ZmqError> {
+        self.inner.borrow_mut().try_recv_with_peer()
+    }
+
     /// Blocks (in simulated time) until a message arrives.
     pub async fn recv(&self) -> Result<Multipart, ZmqError> {
         loop {
@@ -312,8 +318,9 @@ impl Drop for Socket {
     }
 }
 
-/// Closes a socket's state: listeners stop, connecting tasks without a connection stop,
-/// connections flush for up to LINGER, inproc peers see the pipe end, bound inproc names
+/// Closes a socket's state: listeners stop, connecting tasks without a connection stop
+/// (unless they hold messages and a finite LINGER lets them keep trying), connections
+/// flush for up to LINGER, inproc peers see the pipe end, bound inproc names
 /// are released after the context's lag, and a monitor says MONITOR_STOPPED.
 fn close_state(inner: &Rc<RefCell<SocketState>>) {
     let monitor = {
@@ -329,8 +336,9 @@ fn close_state(inner: &Rc<RefCell<SocketState>>) {
             task.abort();
             s.emit(monitor::CLOSED, fd, &endpoint);
         }
-        for entry in s.connects.values() {
-            if !entry.connected {
+        // A connecting pipe with queued messages keeps trying for the linger time.
+        for (key, entry) in &s.connects {
+            if !entry.connected && !s.flushing(key) {
                 entry.task.abort();
             }
         }
@@ -415,6 +423,9 @@ async fn connect_loop(sock: Rc<RefCell<SocketState>>, key: String, host: String,
     loop {
         let (ctx, ivl, fd) = {
             let s = sock.borrow();
+            if s.closed && !s.flushing(&key) {
+                return;
+            }
             (s.ctx.clone(), s.opts.reconnect_ivl, s.ctx.next_fd())
         };
         sock.borrow().emit(monitor::CONNECT_DELAYED, monitor::EINPROGRESS, &key);
@@ -458,7 +469,7 @@ async fn connect_loop(sock: Rc<RefCell<SocketState>>, key: String, host: String,
         }
         {
             let s = sock.borrow();
-            if s.closed {
+            if s.closed && !s.flushing(&key) {
                 return;
             }
             s.emit(monitor::CONNECT_RETRIED, u32::try_from(ivl.as_millis()).unwrap_or(u32::MAX), &key);

@@ -292,6 +292,20 @@ impl SocketState {
         self.pipes.values().filter(|p| p.is_live()).count()
     }
 
+    /// A closed socket still trying to deliver what `connect(key)`'s pipe queued before
+    /// any connection carried it: it holds messages and a finite linger has not run out.
+    /// (With an infinite linger libzmq would retry forever; the model drops them at close.)
+    pub fn flushing(&self, key: &str) -> bool {
+        if !self.closed || self.linger_until.is_none_or(|t| crate::clock::now() >= t) {
+            return false;
+        }
+        self.connects
+            .get(key)
+            .and_then(|c| c.pipe)
+            .and_then(|id| self.pipes.get(&id))
+            .is_some_and(|p| !p.out.is_empty())
+    }
+
     /// Emits a monitor event if a monitor subscribed to it.
     pub fn emit(&self, event: u16, value: u32, endpoint: &str) {
         if let Some(m) = &self.monitor {

@@ -14,7 +14,7 @@ pub use transport::{P2pError, ZmqTransport};
 
 use crate::curve::CurveClient;
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
-use ctlplane_core::p2p::T0Switches;
+use ctlplane_core::p2p::{PeerCheck, T0Switches};
 use std::time::Duration;
 
 /// Socket options and registry bounds; the defaults are the mainline reference's.
@@ -32,6 +32,10 @@ pub struct TransportOptions {
     pub max_message_bytes: Option<usize>,
     /// Most registered peers; `None` = unbounded, as the reference.
     pub max_peers: Option<usize>,
+    /// Which inbound identities are dialled back: strict by default (an identity must
+    /// name the host its connection comes from), unlike the reference, which trusts every
+    /// identity (`docs/peer-admission.md`).
+    pub peer_check: PeerCheck,
     /// Historical behaviours, for regression runs on real sockets.
     pub t0: T0Switches,
     /// CURVE: the ROUTER is a server with `keys`, every DEALER a client of peers whose
@@ -48,6 +52,7 @@ impl Default for TransportOptions {
             heartbeat_ttl: Duration::from_millis(10_000),
             max_message_bytes: None,
             max_peers: None,
+            peer_check: PeerCheck::default(),
             t0: T0Switches::default(),
             curve: None,
         }

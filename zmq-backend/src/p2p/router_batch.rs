@@ -5,12 +5,23 @@
 //! frame is received into a `zmq::Message` kept in one reused `Vec`, and the registry reads
 //! the frames where libzmq put them (`ConnectionRegistry::poll_frames`). The messages are
 //! closed as soon as the poll is over, so libzmq can reuse its receive buffers.
+//!
+//! Each message also keeps its connection's `Peer-Address` (the registry's peer check
+//! needs it). Consecutive messages mostly come from one connection, so an address is
+//! stored once per run of equal addresses, not once per message.
+
+/// libzmq's message property holding the source address of the message's connection.
+const PEER_ADDRESS: &str = "Peer-Address";
 
 /// One poll's ROUTER messages: their frames back to back, and where each message ends.
 #[derive(Default)]
 pub(crate) struct RouterBatch {
     frames: Vec<zmq::Message>,
     ends: Vec<usize>,
+    /// Per message: its index in `addresses`, `None` if libzmq reported none.
+    sources: Vec<Option<usize>>,
+    /// Distinct consecutive source addresses of this poll.
+    addresses: Vec<String>,
 }
 
 impl RouterBatch {
@@ -36,20 +47,34 @@ impl RouterBatch {
                     break;
                 }
             }
+            let last = self.frames.len() - 1;
+            let source = match self.frames[last].gets(PEER_ADDRESS) {
+                Some(address) if self.addresses.last().is_some_and(|a| a == address) => Some(self.addresses.len() - 1),
+                Some(address) => {
+                    self.addresses.push(address.to_string());
+                    Some(self.addresses.len() - 1)
+                }
+                None => None,
+            };
+            self.sources.push(source);
             self.ends.push(self.frames.len());
         }
     }
 
-    /// The messages in arrival order, each as its frames.
-    pub fn messages(&self) -> impl Iterator<Item = &[zmq::Message]> + '_ {
+    /// The messages in arrival order, each as its frames with its connection's source
+    /// address.
+    pub fn messages(&self) -> impl Iterator<Item = (&[zmq::Message], Option<&str>)> + '_ {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts.zip(self.ends.iter().copied()).map(|(start, end)| &self.frames[start..end])
+        let sources = self.sources.iter().map(|s| s.and_then(|i| self.addresses.get(i)).map(String::as_str));
+        starts.zip(self.ends.iter().copied()).map(|(start, end)| &self.frames[start..end]).zip(sources)
     }
 
     /// Closes every message, keeping the capacity for the next poll.
     pub fn clear(&mut self) {
         self.frames.clear();
         self.ends.clear();
+        self.sources.clear();
+        self.addresses.clear();
     }
 }
 
@@ -74,7 +99,10 @@ mod tests {
         let mut got: Vec<Vec<Vec<u8>>> = Vec::new();
         for _ in 0..100 {
             batch.drain(&router).expect("drain");
-            got.extend(batch.messages().map(|m| m.iter().map(|f| f.to_vec()).collect()));
+            got.extend(batch.messages().map(|(m, source)| {
+                assert_eq!(source, None, "inproc connections have no source address");
+                m.iter().map(|f| f.to_vec()).collect()
+            }));
             batch.clear();
             if got.len() == 2 {
                 break;

@@ -1,14 +1,13 @@
 //! The P2P transport's sockets, built with the reference's options in the reference's
-//! order (`_apply_heartbeat`, then identity, monitor, PAIR, connect), and the libzmq
-//! monitor frame they report disconnects in.
+//! order (`_apply_heartbeat`, then identity, high-water mark, linger, monitor, PAIR,
+//! connect), and the libzmq monitor frame they report lost links in. The values are the
+//! core's (`ctlplane_core::p2p::options`).
 
 use super::TransportOptions;
 use crate::curve::{as_zmq, CurveServer};
 use crate::sockets::millis;
+use ctlplane_core::p2p::options::{DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK};
 use ctlplane_core::p2p::MonitorEvent;
-
-/// `ZMQ_EVENT_DISCONNECTED`: the only monitor event the reference subscribes to.
-pub(crate) const EVENT_DISCONNECTED: u16 = 0x0200;
 
 /// Heartbeats (and the T2 frame limit when configured); `IPV6` is left unset, as upstream.
 fn apply_options(socket: &zmq::Socket, options: &TransportOptions) -> zmq::Result<()> {
@@ -52,8 +51,8 @@ pub(crate) struct Dealer {
 }
 
 impl Dealer {
-    /// DEALER with the heartbeat options and `identity`, monitored for DISCONNECTED on
-    /// `monitor` (read by a PAIR of the same context: inproc endpoints are per context),
+    /// DEALER with the heartbeat options, `identity`, the core's high-water mark and
+    /// linger, monitored for the core's fatal events on `monitor` (read by a PAIR of the same context: inproc endpoints are per context),
     /// then connected to `endpoint`.
     pub fn open(
         ctx: &zmq::Context,
@@ -91,7 +90,9 @@ impl Dealer {
             curve.apply(dealer).map_err(as_zmq)?;
         }
         dealer.set_identity(identity.as_bytes())?;
-        dealer.monitor(monitor, i32::from(EVENT_DISCONNECTED))?;
+        dealer.set_sndhwm(DEALER_SNDHWM)?;
+        dealer.set_linger(millis(DEALER_LINGER))?;
+        dealer.monitor(monitor, i32::from(MONITOR_EVENT_MASK))?;
         let pair = ctx.socket(zmq::PAIR)?;
         if let Err(e) = pair.connect(monitor) {
             close_now(pair);
@@ -100,28 +101,40 @@ impl Dealer {
         Ok(pair)
     }
 
-    /// Closes the PAIR, then the DEALER with linger 0: unsent frames to a dead peer must
-    /// not hold the context's termination.
+    /// Closes the PAIR, then the DEALER with the linger it was opened with: what it
+    /// queued (a best-effort Disconnect) is flushed for at most `DEALER_LINGER`.
     pub fn close(self) {
         close_now(self.monitor);
-        close_now(self.dealer);
+        drop(self.dealer);
     }
 
-    /// At most one monitor event, without blocking. `Ok(None)`: nothing pending.
-    pub fn monitor_event(&self) -> zmq::Result<Option<MonitorEvent>> {
-        let frames = match self.monitor.recv_multipart(zmq::DONTWAIT) {
-            Ok(frames) => frames,
-            Err(zmq::Error::EAGAIN) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        Ok(frames.first().and_then(|f| parse_monitor_frame(f)))
+    /// Reads monitor events without blocking until none is pending or one is fatal (the
+    /// rest stay unread), appending each to `out` with `conn`.
+    pub fn monitor_events(&self, conn: u64, out: &mut Vec<(u64, MonitorEvent)>) -> zmq::Result<()> {
+        loop {
+            let frames = match self.monitor.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => frames,
+                Err(zmq::Error::EAGAIN) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let Some(event) = frames.first().and_then(|f| parse_monitor_frame(f)) else { continue };
+            out.push((conn, event));
+            if event.is_fatal() {
+                return Ok(());
+            }
+        }
     }
 }
 
 /// Closes `socket` with linger 0.
 pub(crate) fn close_now(socket: zmq::Socket) {
-    if let Err(error) = socket.set_linger(0) {
-        tracing::debug!(%error, "cannot set LINGER=0 before close");
+    close_after(socket, std::time::Duration::ZERO);
+}
+
+/// Closes `socket`, letting it flush for at most `linger`.
+pub(crate) fn close_after(socket: zmq::Socket, linger: std::time::Duration) {
+    if let Err(error) = socket.set_linger(millis(linger)) {
+        tracing::debug!(%error, "cannot set LINGER before close");
     }
     drop(socket);
 }
@@ -130,10 +143,7 @@ pub(crate) fn close_now(socket: zmq::Socket) {
 /// value, both little-endian on the platforms libzmq runs on here.
 pub(crate) fn parse_monitor_frame(frame: &[u8]) -> Option<MonitorEvent> {
     let [lo, hi, _, _, _, _] = <[u8; 6]>::try_from(frame).ok()?;
-    Some(match u16::from_le_bytes([lo, hi]) {
-        EVENT_DISCONNECTED => MonitorEvent::Disconnected,
-        other => MonitorEvent::Other(other),
-    })
+    Some(MonitorEvent::from_code(u16::from_le_bytes([lo, hi])))
 }
 
 #[cfg(test)]
@@ -144,6 +154,8 @@ mod tests {
     fn monitor_frames_are_read_and_malformed_ones_ignored() {
         assert_eq!(parse_monitor_frame(&[0x00, 0x02, 7, 0, 0, 0]), Some(MonitorEvent::Disconnected));
         assert_eq!(parse_monitor_frame(&[0x01, 0x00, 0, 0, 0, 0]), Some(MonitorEvent::Other(1)));
+        assert_eq!(parse_monitor_frame(&[0x80, 0x00, 0, 0, 0, 0]), Some(MonitorEvent::Closed));
+        assert_eq!(parse_monitor_frame(&[0x00, 0x20, 0, 0, 0, 0]), Some(MonitorEvent::HandshakeFailed(0x2000)));
         assert_eq!(parse_monitor_frame(&[0x00, 0x02]), None);
         assert_eq!(parse_monitor_frame(&[0; 10]), None);
     }

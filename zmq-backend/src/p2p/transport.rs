@@ -9,6 +9,7 @@ use super::router_batch::RouterBatch;
 use super::sockets::{self, Dealer};
 use super::TransportOptions;
 use crate::sockets::endpoint_port;
+use ctlplane_core::p2p::options::{SendMode, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::RegistryStats;
 use ctlplane_core::p2p::{Action, ConnId, ConnectionRegistry, MonitorEvent, RegistryConfig, TransportError, Value};
 use std::collections::BTreeMap;
@@ -39,10 +40,11 @@ pub enum P2pError {
         #[source]
         source: zmq::Error,
     },
-    /// The DEALER's queue is full (peer not draining or not reachable): sending never
-    /// blocks, so the frame is not sent.
-    #[error("send to {peer} would block: its queue is full")]
-    WouldBlock { peer: String },
+    /// The DEALER already queues its high-water mark of messages for the peer (it stopped
+    /// reading, or is not reachable): sending never blocks, so the frame is not sent, and
+    /// the owning session treats the connection as dead.
+    #[error("ZmqConnection: send queue to {peer} is full")]
+    QueueFull { peer: String },
     /// libzmq refused the frame.
     #[error("send to {peer} failed")]
     Send {
@@ -99,6 +101,7 @@ impl ZmqTransport {
         let mut config = RegistryConfig::new(format!("{host}:{port}"));
         config.max_peers = options.max_peers;
         config.max_message_bytes = options.max_message_bytes;
+        config.peer_check = options.peer_check.clone();
         config.t0 = options.t0;
         tracing::info!(local_id = %config.local_id, "P2P ROUTER bound on {endpoint}");
         Ok(ZmqTransport {
@@ -197,8 +200,8 @@ impl ZmqTransport {
         self.dealers.len()
     }
 
-    /// One poll: everything the ROUTER holds and at most one monitor event per live
-    /// connection go to the registry, which decides; its actions are carried out.
+    /// One poll: everything the ROUTER holds and every live connection's pending monitor
+    /// events (up to its first fatal one) go to the registry, which decides; its actions are carried out.
     /// Returns the newly accepted inbound peers, their first messages already in `recv`.
     /// A peer whose DEALER could not be opened is returned too, already dead.
     pub fn poll(&mut self) -> Vec<String> {
@@ -208,10 +211,8 @@ impl ZmqTransport {
         }
         for (peer, conn, alive) in self.registry.iter_connections() {
             let Some((_, dealer)) = self.dealers.get(&conn).filter(|_| alive) else { continue };
-            match dealer.monitor_event() {
-                Ok(Some(event)) => self.monitor_events.push((conn, event)),
-                Ok(None) => {}
-                Err(error) => tracing::warn!(%peer, %error, "P2P monitor error"),
+            if let Err(error) = dealer.monitor_events(conn, &mut self.monitor_events) {
+                tracing::warn!(%peer, %error, "P2P monitor error");
             }
         }
         let accepted = self.registry.poll_frames(self.inbound.messages(), &self.monitor_events);
@@ -242,7 +243,7 @@ impl ZmqTransport {
     }
 
     /// Blocks until `peer`'s DEALER has room for a frame, or `timeout` passes; `Ok(true)`
-    /// if it has. For a caller that got [`P2pError::WouldBlock`] and chooses to wait
+    /// if it has. For a caller that got [`P2pError::QueueFull`] and chooses to wait
     /// rather than spin (sending itself never blocks).
     pub fn wait_writable(&self, peer: &str, timeout: Duration) -> Result<bool, P2pError> {
         let Some((_, d)) = self.registry.conn_id(peer).and_then(|conn| self.dealers.get(&conn)) else {
@@ -256,7 +257,8 @@ impl ZmqTransport {
         }
     }
 
-    /// Closes every connection, then the ROUTER (linger 0), then the context. Idempotent.
+    /// Closes every connection (each DEALER flushing for at most its linger), then the
+    /// ROUTER (linger 0), then the context. Idempotent.
     pub fn close(&mut self) {
         self.registry.close_all();
         let _ = self.carry_out();
@@ -264,9 +266,9 @@ impl ZmqTransport {
             dealer.close();
         }
         if let Some(router) = self.router.take() {
-            sockets::close_now(router);
+            sockets::close_after(router, ROUTER_LINGER);
         }
-        // Every socket is closed with linger 0, so terminating cannot wait on the network.
+        // Terminating waits at most one DEALER linger for frames still queued.
         self.ctx.take();
     }
 
@@ -312,9 +314,16 @@ impl ZmqTransport {
                 let Some((peer, dealer)) = self.dealers.get(&conn) else {
                     return Err(TransportError::Closed.into());
                 };
-                match dealer.dealer.send(frame, zmq::DONTWAIT) {
+                let flags = match self.registry.send_mode() {
+                    SendMode::NonBlocking => zmq::DONTWAIT,
+                    SendMode::BlockAtHwm => 0,
+                };
+                match dealer.dealer.send(frame, flags) {
                     Ok(()) => Ok(()),
-                    Err(zmq::Error::EAGAIN) => Err(P2pError::WouldBlock { peer: peer.clone() }),
+                    Err(zmq::Error::EAGAIN) => match self.registry.queue_full(conn) {
+                        TransportError::QueueFull { peer } => Err(P2pError::QueueFull { peer }),
+                        other => Err(other.into()),
+                    },
                     Err(source) => Err(P2pError::Send { peer: peer.clone(), source }),
                 }
             }

@@ -83,11 +83,11 @@ pub fn workspace() -> std::path::PathBuf {
 }
 
 /// The interpreter with pyzmq and msgspec: `$CTLPLANE_PYTHON`, else the workspace's
-/// `.venv-interop` that `.ci/run` creates. A missing one fails loudly, never skips.
+/// `.venv` that `scripts/test.sh` creates. A missing one fails loudly, never skips.
 pub fn python() -> std::path::PathBuf {
     let path = std::env::var_os("CTLPLANE_PYTHON")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace().join(".venv-interop/bin/python"));
+        .unwrap_or_else(|| workspace().join(".venv/bin/python"));
     let ok = std::process::Command::new(&path)
         .args(["-c", "import zmq, msgspec"])
         .status()
@@ -95,8 +95,8 @@ pub fn python() -> std::path::PathBuf {
         .unwrap_or(false);
     assert!(
         ok,
-        "no Python with pyzmq and msgspec at {}: run `python3 -m venv .venv-interop && \
-         .venv-interop/bin/pip install pyzmq msgspec` (or set CTLPLANE_PYTHON)",
+        "no Python with pyzmq and msgspec at {}: run the tests through `scripts/test.sh`, which \
+         provisions .venv (or set CTLPLANE_PYTHON)",
         path.display()
     );
     path

@@ -112,7 +112,7 @@ pub fn run(args: EcArgs) -> Result<ExitCode, Box<dyn Error>> {
             (target, requests::complete(&transfer_id, &reservation_id))
         }
         Op::Cancel { target, transfer_id, reservation_id, abandon, refresh } => {
-            (target, requests::cancel(&transfer_id, &reservation_id, abandon, refresh))
+            (target, requests::make_cancel_request(&transfer_id, &reservation_id, abandon, refresh))
         }
     };
     let client = target.curve.apply(ControlClient::new(target.timeout_ms))?;

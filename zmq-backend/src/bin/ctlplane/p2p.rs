@@ -5,6 +5,7 @@ use crate::p2p_json;
 use crate::security::PeerCurve;
 use clap::{Args, Subcommand};
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
+use ctlplane_core::p2p::{AllowEntry, PeerCheck, PeerCheckMode};
 use ctlplane_zmq::{TransportOptions, ZmqTransport};
 use std::error::Error;
 use std::io::Write;
@@ -32,6 +33,17 @@ struct Limits {
     /// its connection, a bigger outbound one is refused. 0 = unbounded (T1).
     #[arg(long, default_value_t = MAX_CONTROL_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    /// Which inbound peers are dialled back (docs/peer-admission.md). strict: a peer's
+    /// identity must name the host its connection comes from (or be allowlisted);
+    /// allowlist: only allowlisted identities; off: every identity, as the reference
+    /// (only for trusted networks that rewrite source addresses).
+    #[arg(long, default_value_t = PeerCheckMode::Strict)]
+    peer_check: PeerCheckMode,
+    /// An identity (`host:port`) or network (`10.1.0.0/16`) this node may dial back
+    /// whatever address the peer's connection comes from (NAT, multi-homed peers).
+    /// Repeatable.
+    #[arg(long = "peer-allow")]
+    peer_allow: Vec<AllowEntry>,
     #[command(flatten)]
     curve: PeerCurve,
 }
@@ -42,6 +54,7 @@ impl Limits {
             curve: self.curve.peer()?,
             max_peers: (self.max_peers > 0).then_some(self.max_peers),
             max_message_bytes: (self.max_message_bytes > 0).then_some(self.max_message_bytes),
+            peer_check: PeerCheck { mode: self.peer_check, allow: self.peer_allow.clone() },
             ..TransportOptions::default()
         })
     }
@@ -50,13 +63,17 @@ impl Limits {
 #[derive(Subcommand)]
 enum Op {
     /// Answer every message with the same message on its sender's connection, until
-    /// SIGINT or SIGTERM; prints `ready` once bound and a line per message on stderr.
+    /// SIGINT or SIGTERM; prints `ready` once bound and a summary line per message on
+    /// stderr (its type and size, never the payload unless `--log-payload`).
     Echo {
         /// Host to bind and advertise (peers dial `host:port` back, verbatim).
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         #[arg(long)]
         port: u16,
+        /// Log each message in full (its display form) instead of a summary line.
+        #[arg(long)]
+        log_payload: bool,
         #[command(flatten)]
         limits: Limits,
     },
@@ -91,7 +108,7 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     match args.op {
-        Op::Echo { host, port, limits } => echo(&host, port, limits.options()?),
+        Op::Echo { host, port, log_payload, limits } => echo(&host, port, log_payload, limits.options()?),
         Op::Send { local, to, json, bin_fields, timeout_ms, display, limits } => {
             let msg = p2p_json::parse(&json, &bin_fields)?;
             send(&local, &to, &msg, Duration::from_millis(timeout_ms), display, limits.options()?)
@@ -99,7 +116,7 @@ pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     }
 }
 
-fn echo(host: &str, port: u16, options: TransportOptions) -> Result<ExitCode, Box<dyn Error>> {
+fn echo(host: &str, port: u16, log_payload: bool, options: TransportOptions) -> Result<ExitCode, Box<dyn Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::Release))?;
@@ -115,16 +132,36 @@ fn echo(host: &str, port: u16, options: TransportOptions) -> Result<ExitCode, Bo
         }
         for peer in transport.peers() {
             for msg in transport.recv(&peer) {
-                eprintln!("{peer}: {msg}");
+                log_message(&peer, &msg, log_payload);
                 if let Err(error) = transport.send(&peer, &msg) {
                     tracing::warn!(%peer, %error, "echo not sent");
                 }
             }
         }
     }
-    tracing::info!("signal received; closing the P2P transport");
+    let refused = transport.stats().messages_refused;
+    tracing::info!(refused, "signal received; closing the P2P transport");
     transport.close();
     Ok(ExitCode::SUCCESS)
+}
+
+/// One stderr line per echoed message, formatted first and written with one call (stderr
+/// is unbuffered: formatting straight into it costs a write per piece, which for a
+/// binary payload is one per byte).
+fn log_message(peer: &str, msg: &ctlplane_core::p2p::Value, payload: bool) {
+    use ctlplane_core::p2p::Value;
+    let line = if payload {
+        format!("{peer}: {msg}\n")
+    } else {
+        let kind = match msg.get("type") {
+            Some(Value::Str(t)) => t.as_str(),
+            _ => msg.type_name(),
+        };
+        let bytes = ctlplane_core::p2p::value::encode(msg).len();
+        format!("{peer}: echoed {kind} message ({bytes} bytes)\n")
+    };
+    // A closed stderr must not stop the echo.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 fn send(
