@@ -4,6 +4,11 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any, Callable
 
+def make_cancel_request(
+    transfer_id: str, reservation_id: str = "", *, abandon: bool = False, refresh: bool = False
+) -> dict[str, Any]:
+    """The ``cancel`` request from ctlplane's one cancel encoder (flags present only when true)."""
+
 class ControlClient:
     """Control requests over reusable REQ sockets, one per (calling thread, address)."""
 
@@ -111,7 +116,18 @@ class ZmqConnection:
 class ZmqTransport:
     """One node's P2P control transport: a ROUTER and one DEALER per peer."""
 
-    def __init__(self, local_id: str, host: str, port: int) -> None: ...
+    def __init__(
+        self,
+        local_id: str,
+        host: str,
+        port: int,
+        *,
+        peer_check: str = "strict",
+        peer_allow: Sequence[str] = (),
+    ) -> None:
+        """Binds the ROUTER. ``peer_check`` (``"strict"``, ``"allowlist"``, ``"off"``) and
+        ``peer_allow`` (``host:port`` or CIDR entries) decide which inbound identities are
+        dialled back; ``ValueError`` for an unknown mode or a bad entry."""
     @property
     def local_id(self) -> str: ...
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctlplane import _native
 from ctlplane._native import ConsumerControlServer, ConsumerShardServer, ControlClient, EventInbox
 
 ControlRequest = dict[str, Any]
@@ -36,14 +37,11 @@ def make_cancel_request(
     abandon: bool = False,
     refresh: bool = False,
 ) -> ControlRequest:
-    """The ``cancel`` request: ``abandon`` and ``refresh`` are present only when true."""
-    request: ControlRequest = {
-        "op": "cancel",
-        "transfer_id": transfer_id,
-        "reservation_id": reservation_id,
-    }
-    if abandon:
-        request["abandon"] = True
-    if refresh:
-        request["refresh"] = True
+    """The ``cancel`` request: ``abandon`` and ``refresh`` are present only when true.
+
+    Built by ctlplane's one cancel encoder (the frame the Rust producer and client send).
+    """
+    request: ControlRequest = _native.make_cancel_request(
+        transfer_id, reservation_id, abandon=abandon, refresh=refresh
+    )
     return request

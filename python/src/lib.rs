@@ -13,7 +13,23 @@ mod msgpack;
 mod p2p;
 mod utf8;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+
+/// The `cancel` request as vLLM 0.33.0's `make_cancel_request` builds it, from the core's one
+/// cancel encoder: `abandon` and `refresh` are present only when true.
+#[pyfunction]
+#[pyo3(signature = (transfer_id, reservation_id = "", *, abandon = false, refresh = false))]
+fn make_cancel_request<'py>(
+    py: Python<'py>,
+    transfer_id: &str,
+    reservation_id: &str,
+    abandon: bool,
+    refresh: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let frame = ctlplane_core::ec::requests::make_cancel_request(transfer_id, reservation_id, abandon, refresh);
+    json_reader::loads(py, &frame).ok_or_else(|| PyValueError::new_err("cancel request did not encode as JSON"))
+}
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -23,5 +39,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ec_callbacks::ConsumerControlServer>()?;
     m.add_class::<p2p::ZmqTransport>()?;
     m.add_class::<p2p::ZmqConnection>()?;
+    m.add_function(wrap_pyfunction!(make_cancel_request, m)?)?;
     Ok(())
 }

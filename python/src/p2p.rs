@@ -2,7 +2,8 @@
 //! KV tiering, carried out by ctlplane's driver and decided by the core's registry.
 
 use crate::msgpack;
-use ctlplane_core::p2p::{ConnId, TransportError};
+use ctlplane_core::p2p::peer_check::UnknownMode;
+use ctlplane_core::p2p::{AllowEntry, ConnId, PeerCheck, PeerCheckMode, TransportError};
 use ctlplane_zmq::{P2pError, TransportOptions};
 use pyo3::exceptions::{PyAssertionError, PyConnectionError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -21,8 +22,8 @@ fn lock(shared: &Shared) -> MutexGuard<'_, Option<ctlplane_zmq::ZmqTransport>> {
 /// `AssertionError`, a send on a dead connection `RuntimeError`.
 pub fn p2p_error_to_py(e: P2pError) -> PyErr {
     match e {
-        P2pError::WouldBlock { peer } => {
-            PyConnectionError::new_err(format!("ZmqConnection: send queue to {peer} is full"))
+        P2pError::QueueFull { .. } | P2pError::Refused(TransportError::QueueFull { .. }) => {
+            PyConnectionError::new_err(e.to_string())
         }
         P2pError::Refused(TransportError::AlreadyExists(peer)) => {
             PyAssertionError::new_err(format!("ZmqConnection to {peer} already exists"))
@@ -72,10 +73,27 @@ impl ZmqTransport {
 impl ZmqTransport {
     /// Binds the ROUTER on `tcp://host:port`; `local_id` is every DEALER's identity,
     /// the id peers know this node by.
+    /// `peer_check` (`"strict"`, `"allowlist"` or `"off"`) and `peer_allow` (`host:port` or
+    /// CIDR entries) say which inbound identities are dialled back; the core decides
+    /// (docs/peer-admission.md). The default is strict, as for `ctlplane p2p`.
     #[new]
-    fn new(py: Python<'_>, local_id: String, host: String, port: u16) -> PyResult<Self> {
+    #[pyo3(signature = (local_id, host, port, *, peer_check = "strict", peer_allow = Vec::new()))]
+    fn new(
+        py: Python<'_>,
+        local_id: String,
+        host: String,
+        port: u16,
+        peer_check: &str,
+        peer_allow: Vec<String>,
+    ) -> PyResult<Self> {
+        let mode: PeerCheckMode = peer_check.parse().map_err(|e: UnknownMode| PyValueError::new_err(e.to_string()))?;
+        let allow = peer_allow
+            .iter()
+            .map(|entry| entry.parse::<AllowEntry>().map_err(|e| PyValueError::new_err(e.to_string())))
+            .collect::<PyResult<Vec<_>>>()?;
+        let options = TransportOptions { peer_check: PeerCheck { mode, allow }, ..TransportOptions::default() };
         let transport = py
-            .detach(|| ctlplane_zmq::ZmqTransport::bind_as(&local_id, &host, port, TransportOptions::default()))
+            .detach(|| ctlplane_zmq::ZmqTransport::bind_as(&local_id, &host, port, options))
             .map_err(p2p_error_to_py)?;
         Ok(ZmqTransport { shared: Arc::new(Mutex::new(Some(transport))), local_id })
     }

@@ -53,6 +53,9 @@ def test_make_cancel_request_flags_present_only_when_true():
         "op": "cancel", "transfer_id": "t", "reservation_id": "r", "abandon": True}
     assert ec.make_cancel_request("t", refresh=True) == {
         "op": "cancel", "transfer_id": "t", "reservation_id": "", "refresh": True}
+    # The frame's key order is 0.33.0's: op, transfer_id, reservation_id, then the flags.
+    assert list(ec.make_cancel_request("t", "r", abandon=True, refresh=True)) == [
+        "op", "transfer_id", "reservation_id", "abandon", "refresh"]
     with pytest.raises(TypeError):
         ec.make_cancel_request("t", "r", True)  # flags are keyword-only
 

@@ -207,3 +207,58 @@ def test_virtual_subclasses_when_vllm_importable():
         pytest.skip("vllm is not importable here")
     assert issubclass(p2p.ZmqTransport, ControlTransport)
     assert issubclass(p2p.ZmqConnection, ControlConnection)
+
+
+def _forged_dial_back(**options) -> bool:
+    """A DEALER from 127.0.0.2 claims the identity of a plain TCP listener on 127.0.0.1 and
+    sends one well-formed message; returns whether the node then dialled the listener."""
+    import socket
+
+    import msgspec
+    import zmq
+
+    port = free_port()
+    transport = p2p.ZmqTransport(f"127.0.0.1:{port}", "127.0.0.1", port, **options)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.IDENTITY, f"127.0.0.1:{listener.getsockname()[1]}".encode())
+    dealer.connect(f"tcp://127.0.0.2:0;127.0.0.1:{port}")
+    dealer.send(msgspec.msgpack.encode({"type": "connect", "node": "x"}))
+    dialled = False
+    try:
+        # Bounded: poll the node for up to 1.5 s, stopping at the first dial.
+        def step():
+            nonlocal dialled
+            transport.poll()
+            try:
+                conn, _ = listener.accept()
+                conn.close()
+                dialled = True
+            except BlockingIOError:
+                pass
+            return dialled
+
+        try:
+            wait_for(step, timeout=1.5)
+        except AssertionError:
+            pass
+    finally:
+        dealer.close()
+        ctx.term()
+        listener.close()
+        transport.close()
+    return dialled
+
+
+def test_a_forged_identity_is_not_dialled_back_unless_the_check_is_off_or_allows_it():
+    assert not _forged_dial_back()
+    assert _forged_dial_back(peer_check="off")
+    with pytest.raises(ValueError, match="unknown peer check"):
+        p2p.ZmqTransport("127.0.0.1:1", "127.0.0.1", free_port(), peer_check="trusting")
+    with pytest.raises(ValueError, match="invalid peer allowlist entry"):
+        p2p.ZmqTransport("127.0.0.1:1", "127.0.0.1", free_port(), peer_allow=["not an address"])
