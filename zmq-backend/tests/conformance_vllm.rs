@@ -8,48 +8,21 @@
 //! included, to `ctlplane consumer` and to the release's consumer, comparing replies and
 //! readiness events one for one.
 //!
-//! The interpreter is `$CTLPLANE_PYTHON`, else the workspace's `.venv-interop`.
+//! The interpreter is `$CTLPLANE_PYTHON`, else the workspace's `.venv` that `scripts/test.sh` provisions.
 
 mod common;
 
-use common::{free_ports, python, workspace};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use common::{free_ports, python, start_until_ready, workspace, Running};
+use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ctlplane");
 const POOL_BYTES: &str = "1048576";
 
-/// A child process killed when the test ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// Starts `ctlplane consumer` and waits for its `ready` line.
 fn start_consumer(port: u16) -> Running {
     let mut cmd = Command::new(BIN);
     cmd.args(["consumer", "--port", &port.to_string(), "--tp", "1", "--pool-bytes", POOL_BYTES]);
-    let mut child = Running(cmd.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::piped()).spawn().unwrap());
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    loop {
-        let line = rx.recv_timeout(Duration::from_secs(20)).expect("consumer printed `ready`");
-        if line == "ready" {
-            return child;
-        }
-    }
+    start_until_ready(cmd)
 }
 
 #[test]

@@ -7,47 +7,14 @@
 
 mod common;
 
-use common::{free_ports, next_events, python, spec, until_subscribed, workspace};
+use common::{free_ports, next_events, python, spec, start_until_ready, until_subscribed, workspace};
 use ctlplane_core::ec::readiness::{EventFate, Readiness};
 use ctlplane_core::Instant;
 use ctlplane_zmq::{ControlClient, EventInbox};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ctlplane");
-
-/// A child process killed when the test ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a server process and waits for its `ready` line.
-fn start_until_ready(mut cmd: Command) -> Running {
-    let mut child = Running(cmd.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::piped()).spawn().unwrap());
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    loop {
-        let line = rx.recv_timeout(Duration::from_secs(20)).expect("server printed `ready`");
-        if line == "ready" {
-            return child;
-        }
-    }
-}
 
 #[test]
 fn python_producer_and_scheduler_against_a_rust_consumer() {

@@ -212,3 +212,35 @@ pub fn next_events(inbox: &mut EventInbox, n: usize) -> Vec<ReadyEvent> {
     assert_eq!(events.len(), n, "{events:?}");
     events
 }
+
+/// A child process killed when the test ends.
+pub struct Running(pub std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a server process and waits for its `ready` line.
+pub fn start_until_ready(mut cmd: std::process::Command) -> Running {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Running(cmd.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::piped()).spawn().unwrap());
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        let line = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("server printed `ready`");
+        if line == "ready" {
+            return child;
+        }
+    }
+}
