@@ -62,21 +62,7 @@ impl CallbackControlServer {
                 })
                 .map_err(|e| StartError::Setup(SetupCause::Spawn(e)))?
         };
-        let event_port = match started_rx.recv_timeout(options.start_timeout) {
-            Ok(Ok(event_port)) => event_port,
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e);
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                stop.store(true, Ordering::Release);
-                return Err(StartError::Timeout);
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let _ = thread.join();
-                return Err(StartError::Setup(SetupCause::ThreadEnded));
-            }
-        };
+        let (event_port, thread) = serve_loop::await_started(&started_rx, thread, &stop, options.start_timeout)?;
         tracing::info!("EC Mooncake control channel listening on {endpoint} (callback mode, events port {event_port})");
         Ok(CallbackControlServer { port, event_port, stop, thread: Some(thread) })
     }

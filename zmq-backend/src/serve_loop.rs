@@ -4,13 +4,15 @@
 use crate::clock::Clock;
 use crate::lock;
 use crate::rep_monitor::{self, RepMonitor};
-use crate::server::{open_sockets, BindCause, ServerOptions, StartError};
+use crate::server::{open_sockets, BindCause, ServerOptions, SetupCause, StartError};
 use crate::sockets::endpoint_port;
 use ctlplane_core::ec::config::zmq_path;
 use ctlplane_core::ec::ConsumerShard;
 use rand_core::RngCore;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 use thiserror::Error;
 
 /// Both sockets of a server, bound.
@@ -47,6 +49,32 @@ pub(crate) enum LoopError {
     Reply(#[source] zmq::Error),
     #[error("publishing an event failed: {0}")]
     Event(#[source] zmq::Error),
+}
+
+/// Waits up to `timeout` for the serving thread to report its bind. On a timeout the
+/// thread may still bind later, so it is told to stop as soon as it can; on a failure the
+/// thread has ended and is joined.
+pub(crate) fn await_started<T>(
+    started: &mpsc::Receiver<Result<T, StartError>>,
+    thread: JoinHandle<()>,
+    stop: &AtomicBool,
+    timeout: Duration,
+) -> Result<(T, JoinHandle<()>), StartError> {
+    match started.recv_timeout(timeout) {
+        Ok(Ok(bound)) => Ok((bound, thread)),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            stop.store(true, Ordering::Release);
+            Err(StartError::Timeout)
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            let _ = thread.join();
+            Err(StartError::Setup(SetupCause::ThreadEnded))
+        }
+    }
 }
 
 /// Creates the context and sockets and binds REP at `endpoint`, then PUSH on an ephemeral

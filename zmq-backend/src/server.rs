@@ -146,22 +146,8 @@ impl<R: RngCore + Send + 'static> ConsumerControlServer<R> {
                 .map_err(|e| StartError::Setup(SetupCause::Spawn(e)))?
         };
 
-        let (event_port, event_endpoint) = match started_rx.recv_timeout(options.start_timeout) {
-            Ok(Ok(bound)) => bound,
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e);
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                // The thread may still bind later: tell it to stop as soon as it can.
-                stop.store(true, Ordering::Release);
-                return Err(StartError::Timeout);
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let _ = thread.join();
-                return Err(StartError::Setup(SetupCause::ThreadEnded));
-            }
-        };
+        let ((event_port, event_endpoint), thread) =
+            serve_loop::await_started(&started_rx, thread, &stop, options.start_timeout)?;
         tracing::info!("EC Mooncake control channel listening on {endpoint} (events {event_endpoint})");
         Ok(ConsumerControlServer {
             port,
