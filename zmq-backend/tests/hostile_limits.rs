@@ -190,13 +190,17 @@ fn p2p_peers_beyond_the_bound_are_refused_and_hold_no_socket() {
     let mut node = ZmqTransport::bind_with("127.0.0.1", 0, options).unwrap();
     let target = format!("tcp://127.0.0.1:{}", node.port());
     let ctx = zmq::Context::new();
-    let base = free_ports(1);
-    let dealers: Vec<zmq::Socket> = (0..200u16)
-        .map(|i| {
+    // Each identity names a TCP listener that never accepts nor answers: a dial-back
+    // connects and then waits in its handshake, so an admitted peer stays registered (a
+    // refused connect would end its connection at once, and free its place in the bound).
+    let listeners: Vec<std::net::TcpListener> =
+        (0..200).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let dealers: Vec<zmq::Socket> = listeners
+        .iter()
+        .map(|listener| {
             let d = ctx.socket(zmq::DEALER).unwrap();
             d.set_linger(0).unwrap();
-            // Identities of peers that do not listen: their dial-back never connects.
-            d.set_identity(format!("127.0.0.1:{}", base + 10_000 + i).as_bytes()).unwrap();
+            d.set_identity(format!("127.0.0.1:{}", listener.local_addr().unwrap().port()).as_bytes()).unwrap();
             d.connect(&target).unwrap();
             let hello = ctlplane_core::p2p::value::encode(&Value::map([("type", Value::from("lookup"))]));
             d.send(hello, 0).unwrap();
@@ -216,6 +220,7 @@ fn p2p_peers_beyond_the_bound_are_refused_and_hold_no_socket() {
     assert_eq!(err.to_string(), "refusing connection to 127.0.0.1:1: 16 peers already registered");
     drop(dealers);
     node.close();
+    drop(listeners);
 }
 
 #[test]
