@@ -1,4 +1,5 @@
-//! P2P msgpack decoding: any ROUTER payload decodes to a value or a typed error. A
+//! P2P msgpack decoding: any ROUTER payload decodes to a value or a typed error, and the
+//! registry's allocation-free check (`value::validate`) gives the same verdict. A
 //! decoded value re-encodes canonically (encode . decode is idempotent) and reads as a
 //! W1 message or a typed validation error.
 
@@ -9,7 +10,9 @@ use ctlplane_core::p2p::value;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|frame: &[u8]| {
-    let Ok(v) = value::decode(frame) else { return };
+    let decoded = value::decode(frame);
+    assert_eq!(value::validate(frame), decoded.as_ref().map(|_| ()).map_err(Clone::clone), "validate disagrees");
+    let Ok(v) = decoded else { return };
     let canonical = value::encode(&v);
     let again = match value::decode(&canonical) {
         Ok(again) => again,

@@ -4,21 +4,58 @@
 //! Anything this reader does not take (lone surrogates, NaN, nesting deeper than
 //! serde_json's limit) is an error, and the caller hands the text to `json.loads`.
 
+use crate::keys;
+use ctlplane_core::ec::scan::Scan;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::fmt;
-use std::sync::{Mutex, PoisonError};
 
 /// The key serde_json's `arbitrary_precision` uses to hand a number over as its text.
 const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 /// `text` as Python objects, or `None` when `json.loads` must read it.
 pub fn loads<'py>(py: Python<'py>, text: &[u8]) -> Option<Bound<'py, PyAny>> {
+    if let Some(flat) = flat_object(py, text) {
+        return Some(flat);
+    }
     let mut de = serde_json::Deserializer::from_slice(text);
     let value = Seed { py }.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(value)
+}
+
+/// An object of strings, non-negative integers, booleans and nulls in `json.dumps`'s
+/// layout (every reply a shard sends), read with the core's scanner. Anything else, or a
+/// Python error, is `None` and goes to the general reader; what the scanner accepts reads
+/// as the same value there, so the shortcut changes nothing but the cost.
+fn flat_object<'py>(py: Python<'py>, text: &[u8]) -> Option<Bound<'py, PyAny>> {
+    let mut scan = Scan::new(text);
+    scan.lit(b"{")?;
+    let dict = PyDict::new(py);
+    if !scan.eat(b"}") {
+        loop {
+            let key = scan.str()?;
+            scan.lit(b": ")?;
+            let value = match scan.peek()? {
+                b'"' => PyString::new(py, scan.str()?).into_any(),
+                b't' | b'f' => PyBool::new(py, scan.bool()?).to_owned().into_any(),
+                b'n' => {
+                    scan.lit(b"null")?;
+                    py.None().into_bound(py)
+                }
+                b'0'..=b'9' => PyInt::new(py, scan.uint()?).into_any(),
+                _ => return None,
+            };
+            dict.set_item(keys::key_string(py, key), value).ok()?;
+            if !scan.eat(b", ") {
+                scan.lit(b"}")?;
+                break;
+            }
+        }
+    }
+    scan.end()?;
+    Some(dict.into_any())
 }
 
 #[derive(Clone, Copy)]
@@ -103,28 +140,6 @@ impl<'de, 'py> Visitor<'de> for Seed<'py> {
     }
 }
 
-/// Keys already made, shared by every reply: replies repeat a handful of keys, and a
-/// kept `str` also keeps its hash, so the dict insert does not hash it again. Bounded, so
-/// a server inventing keys costs nothing lasting.
-static KEYS: Mutex<Vec<(Box<str>, Py<PyString>)>> = Mutex::new(Vec::new());
-const MAX_KEPT_KEYS: usize = 64;
-const MAX_KEPT_KEY_LEN: usize = 32;
-
-fn key_string<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
-    if s.len() > MAX_KEPT_KEY_LEN {
-        return PyString::new(py, s);
-    }
-    let mut keys = KEYS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((_, kept)) = keys.iter().find(|(k, _)| &**k == s) {
-        return kept.bind(py).clone();
-    }
-    let made = PyString::new(py, s);
-    if keys.len() < MAX_KEPT_KEYS {
-        keys.push((s.into(), made.clone().unbind()));
-    }
-    made
-}
-
 /// A map key: a `str`, or serde_json's marker of a number handed over as text.
 enum Key<'py> {
     Number,
@@ -151,7 +166,7 @@ impl<'de, 'py> Visitor<'de> for KeySeed<'py> {
     }
 
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-        Ok(if s == NUMBER_TOKEN { Key::Number } else { Key::Name(key_string(self.py, s)) })
+        Ok(if s == NUMBER_TOKEN { Key::Number } else { Key::Name(keys::key_string(self.py, s)) })
     }
 }
 

@@ -9,6 +9,7 @@ mod ec_client;
 mod ec_server;
 mod json;
 mod json_reader;
+mod keys;
 mod msgpack;
 mod p2p;
 mod utf8;

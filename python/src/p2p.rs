@@ -182,15 +182,16 @@ impl ZmqConnection {
 
     /// Sends `msg` as one msgpack frame, never blocking. Raises `RuntimeError` on a dead
     /// connection and `ConnectionError` when the peer's queue is full.
-    fn send(&self, py: Python<'_>, msg: &Bound<'_, PyAny>) -> PyResult<()> {
-        let value = msgpack::from_py(msg)?;
-        let outcome = py.detach(|| {
-            self.with_own(|t| {
-                if !t.is_alive(&self.peer_id) {
-                    return Err(P2pError::Refused(TransportError::SendOnClosed(self.peer_id.clone())));
-                }
-                t.send(&self.peer_id, &value)
-            })
+    ///
+    /// Keeps the GIL: the send never waits on the network (the DEALER is written without
+    /// blocking), and the transport's lock is only ever held briefly by a `poll`.
+    fn send(&self, msg: &Bound<'_, PyAny>) -> PyResult<()> {
+        let frame = msgpack::encode(msg)?;
+        let outcome = self.with_own(|t| {
+            if !t.is_alive(&self.peer_id) {
+                return Err(P2pError::Refused(TransportError::SendOnClosed(self.peer_id.clone())));
+            }
+            t.send_frame(&self.peer_id, frame)
         });
         match outcome {
             Some(result) => result.map_err(p2p_error_to_py),
@@ -202,10 +203,10 @@ impl ZmqConnection {
 
     /// Every message received since the last call (may be empty).
     fn recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let msgs = self.with_own(|t| t.recv(&self.peer_id)).unwrap_or_default();
+        let frames = self.with_own(|t| t.recv_frames(&self.peer_id)).unwrap_or_default();
         let list = PyList::empty(py);
-        for msg in &msgs {
-            list.append(msgpack::to_py(py, msg)?)?;
+        for frame in &frames {
+            list.append(msgpack::decode(py, frame)?)?;
         }
         Ok(list)
     }

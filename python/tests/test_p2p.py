@@ -262,3 +262,60 @@ def test_a_forged_identity_is_not_dialled_back_unless_the_check_is_off_or_allows
         p2p.ZmqTransport("127.0.0.1:1", "127.0.0.1", free_port(), peer_check="trusting")
     with pytest.raises(ValueError, match="invalid peer allowlist entry"):
         p2p.ZmqTransport("127.0.0.1:1", "127.0.0.1", free_port(), peer_allow=["not an address"])
+
+
+def _msgpack_corpus() -> list:
+    """Values at every msgpack width boundary, as a tiering node may send them."""
+    ints = [0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1,
+            -1, -32, -33, -128, -129, -32768, -32769, -(2**31), -(2**31) - 1, -(2**63)]
+    strs = ["", "é", "x" * 31, "x" * 32, "x" * 255, "x" * 256, "x" * 65535, "x" * 65536, "\u2603" * 20]
+    blobs = [b"", b"\x00", b"b" * 255, b"b" * 256, b"b" * 65536]
+    values = [{"v": v} for v in ints + strs + blobs]
+    values += [{"f": 1.5}, {"f": -0.0}, {"f": float("inf")}, {"n": None, "t": True, "F": False}]
+    values += [{"a": list(range(15))}, {"a": list(range(16))}, {"a": tuple(range(3))}, {"b": bytearray(b"ba")}]
+    values += [{f"k{i}": i for i in range(15)}, {f"k{i}": i for i in range(16)}, {"d": {"e": [{"f": [b"g"]}]}}]
+    return values
+
+
+def test_frames_are_byte_for_byte_what_msgspec_writes_and_reads():
+    """Every frame ctlplane sends is msgspec's encoding of the dict, and every msgspec
+    frame received reads back as msgspec decodes it (tuples as lists, bytearray as bytes)."""
+    import msgspec
+    import zmq
+
+    corpus = _msgpack_corpus()
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVTIMEO, 10_000)
+    rport = router.bind_to_random_port("tcp://127.0.0.1")
+    port = free_port()
+    transport = p2p.ZmqTransport(f"127.0.0.1:{port}", "127.0.0.1", port)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.IDENTITY, f"127.0.0.1:{rport}".encode())
+    try:
+        out = transport.connect(f"127.0.0.1:{rport}")
+        for value in corpus:
+            out.send(value)
+        for value in corpus:
+            identity, payload = router.recv_multipart()
+            assert identity == f"127.0.0.1:{port}".encode()
+            assert payload == msgspec.msgpack.encode(value), value
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        for value in corpus:
+            dealer.send(msgspec.msgpack.encode(value))
+        got: list = []
+
+        def step():
+            transport.poll()
+            got.extend(out.recv())
+            return len(got) >= len(corpus)
+
+        wait_for(step)
+        assert got == [msgspec.msgpack.decode(msgspec.msgpack.encode(v)) for v in corpus]
+    finally:
+        transport.close()
+        dealer.close()
+        router.close()
+        ctx.term()

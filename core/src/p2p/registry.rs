@@ -186,7 +186,10 @@ struct Connection {
     monitor: String,
     dead: bool,
     closed: bool,
-    inbox: Vec<Value>,
+    /// Frames received and found to decode, in arrival order: each receiver builds its
+    /// own values from them ([`ConnectionRegistry::recv`] the core's, the Python bindings
+    /// Python objects) through the one parser.
+    inbox: Vec<Vec<u8>>,
 }
 
 impl Connection {
@@ -297,15 +300,19 @@ impl ConnectionRegistry {
 
     /// Everything received for `peer` since the last call.
     pub fn recv(&mut self, peer: &str) -> Vec<Value> {
+        // Every kept frame passed `value::validate`, which gives `decode`'s verdict.
+        self.recv_frames(peer).iter().filter_map(|frame| value::decode(frame).ok()).collect()
+    }
+
+    /// [`Self::recv`] as the frames themselves, each known to decode (see
+    /// `value::read`).
+    pub fn recv_frames(&mut self, peer: &str) -> Vec<Vec<u8>> {
         self.conns.get_mut(peer).map(|c| std::mem::take(&mut c.inbox)).unwrap_or_default()
     }
 
     /// Encodes `msg` and queues its transmission on `peer`'s DEALER.
     pub fn send(&mut self, peer: &str, msg: &Value) -> Result<(), TransportError> {
-        let c = self.conns.get(peer).ok_or_else(|| TransportError::NotConnected(peer.to_string()))?;
-        if !c.alive() {
-            return Err(TransportError::SendOnClosed(peer.to_string()));
-        }
+        self.sendable(peer)?;
         // Encoded into a kept buffer, then copied once into a frame of the exact size (a
         // frame libzmq takes over is then never reallocated); a large frame takes the
         // buffer itself, so no large buffer is kept.
@@ -316,14 +323,31 @@ impl ConnectionRegistry {
         } else {
             self.scratch.clone()
         };
+        self.send_frame(peer, frame)
+    }
+
+    /// [`Self::send`] of a frame the caller encoded with `value::Writer` (the bindings
+    /// write Python objects straight into one): exactly one value; the same checks apply.
+    pub fn send_frame(&mut self, peer: &str, frame: Vec<u8>) -> Result<(), TransportError> {
+        debug_assert_eq!(value::validate(&frame), Ok(()), "send_frame takes one msgpack value");
+        let c = self.sendable(peer)?;
+        let conn = c.id;
         if let Some(limit) = self.config.max_message_bytes {
             if frame.len() > limit {
                 return Err(TransportError::TooLarge(limit));
             }
         }
-        let conn = c.id;
         self.actions.push_back(Action::Transmit { conn, frame });
         Ok(())
+    }
+
+    /// `peer`'s connection if a message may be sent on it.
+    fn sendable(&self, peer: &str) -> Result<&Connection, TransportError> {
+        let c = self.conns.get(peer).ok_or_else(|| TransportError::NotConnected(peer.to_string()))?;
+        if !c.alive() {
+            return Err(TransportError::SendOnClosed(peer.to_string()));
+        }
+        Ok(c)
     }
 
     /// How drivers hand frames to a DEALER: never blocking, unless the seed's blocking send
@@ -509,7 +533,7 @@ impl ConnectionRegistry {
     /// Routes ROUTER messages into registered connections; the rest wait for accept. A
     /// message whose identity the peer check refuses is dropped, whether or not its
     /// identity is registered: it came from somewhere else than the peer it names.
-    fn route<'f, F>(&mut self, messages: impl IntoIterator<Item = (&'f [F], Option<&'f str>)>) -> Vec<(String, Value)>
+    fn route<'f, F>(&mut self, messages: impl IntoIterator<Item = (&'f [F], Option<&'f str>)>) -> Vec<(String, Vec<u8>)>
     where
         F: Deref<Target = [u8]> + 'f,
     {
@@ -553,8 +577,8 @@ impl ConnectionRegistry {
                     continue;
                 }
             }
-            let msg = match value::decode(payload) {
-                Ok(m) => m,
+            let msg = match value::validate(payload) {
+                Ok(()) => payload.to_vec(),
                 Err(e) => {
                     self.stats.frames_dropped += 1;
                     tracing::warn!(peer = %sender, error = %e, "dropping undecodable control message");
@@ -609,7 +633,7 @@ impl ConnectionRegistry {
         }
     }
 
-    fn accept(&mut self, pending: Vec<(String, Value)>) -> Vec<String> {
+    fn accept(&mut self, pending: Vec<(String, Vec<u8>)>) -> Vec<String> {
         let mut accepted = Vec::new();
         for (sender, msg) in pending {
             if !self.conns.contains_key(&sender) {

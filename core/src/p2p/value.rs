@@ -149,107 +149,286 @@ pub enum DecodeError {
 /// Encodes `v` with the smallest representation of every value.
 pub fn encode(v: &Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
-    write_value(&mut out, v);
+    encode_into(&mut out, v);
     out
 }
 
 /// Appends `v`'s encoding to `out`: a sender that keeps one buffer writes each frame
 /// without growing a fresh `Vec` as it goes.
 pub fn encode_into(out: &mut Vec<u8>, v: &Value) {
-    write_value(out, v);
+    Writer::new(out).value(v);
 }
 
-fn write_len(out: &mut Vec<u8>, len: usize, fix: Option<(u8, usize)>, m8: Option<u8>, m16: u8, m32: u8) {
-    match (fix, m8) {
-        (Some((base, max)), _) if len <= max => out.push(base | len as u8),
-        (_, Some(marker)) if len <= 0xff => out.extend_from_slice(&[marker, len as u8]),
-        _ if len <= 0xffff => {
-            out.push(m16);
-            out.extend_from_slice(&(len as u16).to_be_bytes());
-        }
-        _ => {
-            out.push(m32);
-            out.extend_from_slice(&(len as u32).to_be_bytes());
-        }
+/// The one msgpack writer: every encoding of a value, whatever holds it (a [`Value`]
+/// here, a Python object in the bindings), goes through these methods, so every sender
+/// writes the smallest encoding msgspec writes. A container's header comes first, then
+/// its items (a map's as key, value, key, value...).
+pub struct Writer<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl<'a> Writer<'a> {
+    /// Appends to `out`.
+    pub fn new(out: &'a mut Vec<u8>) -> Self {
+        Writer { out }
     }
-}
 
-fn write_int(out: &mut Vec<u8>, i: i128) {
-    if (0..=0x7f).contains(&i) {
-        out.push(i as u8);
-    } else if (-32..0).contains(&i) {
-        out.push(i as i8 as u8);
-    } else if i >= 0 {
-        if i <= 0xff {
-            out.extend_from_slice(&[0xcc, i as u8]);
-        } else if i <= 0xffff {
-            out.push(0xcd);
-            out.extend_from_slice(&(i as u16).to_be_bytes());
-        } else if i <= 0xffff_ffff {
-            out.push(0xce);
-            out.extend_from_slice(&(i as u32).to_be_bytes());
+    pub fn nil(&mut self) {
+        self.out.push(0xc0);
+    }
+
+    pub fn bool(&mut self, b: bool) {
+        self.out.push(if b { 0xc3 } else { 0xc2 });
+    }
+
+    /// Any integer; beyond msgpack's range (`-2^63 ..= 2^64 - 1`) it is clamped, so a
+    /// caller that must refuse those checks first.
+    pub fn int(&mut self, i: i128) {
+        let out = &mut *self.out;
+        if (0..=0x7f).contains(&i) {
+            out.push(i as u8);
+        } else if (-32..0).contains(&i) {
+            out.push(i as i8 as u8);
+        } else if i >= 0 {
+            if i <= 0xff {
+                out.extend_from_slice(&[0xcc, i as u8]);
+            } else if i <= 0xffff {
+                out.push(0xcd);
+                out.extend_from_slice(&(i as u16).to_be_bytes());
+            } else if i <= 0xffff_ffff {
+                out.push(0xce);
+                out.extend_from_slice(&(i as u32).to_be_bytes());
+            } else {
+                out.push(0xcf);
+                out.extend_from_slice(&(i.min(i128::from(u64::MAX)) as u64).to_be_bytes());
+            }
+        } else if i >= -0x80 {
+            out.extend_from_slice(&[0xd0, i as i8 as u8]);
+        } else if i >= -0x8000 {
+            out.push(0xd1);
+            out.extend_from_slice(&(i as i16).to_be_bytes());
+        } else if i >= -0x8000_0000 {
+            out.push(0xd2);
+            out.extend_from_slice(&(i as i32).to_be_bytes());
         } else {
-            out.push(0xcf);
-            out.extend_from_slice(&(i.min(i128::from(u64::MAX)) as u64).to_be_bytes());
+            out.push(0xd3);
+            out.extend_from_slice(&(i.max(i128::from(i64::MIN)) as i64).to_be_bytes());
         }
-    } else if i >= -0x80 {
-        out.extend_from_slice(&[0xd0, i as i8 as u8]);
-    } else if i >= -0x8000 {
-        out.push(0xd1);
-        out.extend_from_slice(&(i as i16).to_be_bytes());
-    } else if i >= -0x8000_0000 {
-        out.push(0xd2);
-        out.extend_from_slice(&(i as i32).to_be_bytes());
-    } else {
-        out.push(0xd3);
-        out.extend_from_slice(&(i.max(i128::from(i64::MIN)) as i64).to_be_bytes());
+    }
+
+    /// A float64, as msgspec writes every Python `float`.
+    pub fn float(&mut self, x: f64) {
+        self.out.push(0xcb);
+        self.out.extend_from_slice(&x.to_be_bytes());
+    }
+
+    pub fn str(&mut self, s: &str) {
+        self.len(s.len(), Some((0xa0, 31)), Some(0xd9), 0xda, 0xdb);
+        self.out.extend_from_slice(s.as_bytes());
+    }
+
+    pub fn bin(&mut self, b: &[u8]) {
+        self.len(b.len(), None, Some(0xc4), 0xc5, 0xc6);
+        self.out.extend_from_slice(b);
+    }
+
+    /// The header of an array of `len` items.
+    pub fn array(&mut self, len: usize) {
+        self.len(len, Some((0x90, 15)), None, 0xdc, 0xdd);
+    }
+
+    /// The header of a map of `len` entries.
+    pub fn map(&mut self, len: usize) {
+        self.len(len, Some((0x80, 15)), None, 0xde, 0xdf);
+    }
+
+    /// All of `v`.
+    pub fn value(&mut self, v: &Value) {
+        match v {
+            Value::Nil => self.nil(),
+            Value::Bool(b) => self.bool(*b),
+            Value::Int(i) => self.int(*i),
+            Value::Float(x) => self.float(*x),
+            Value::Str(s) => self.str(s),
+            Value::Bin(b) => self.bin(b),
+            Value::Array(items) => {
+                self.array(items.len());
+                for item in items {
+                    self.value(item);
+                }
+            }
+            Value::Map(entries) => {
+                self.map(entries.len());
+                for (k, item) in entries {
+                    self.str(k);
+                    self.value(item);
+                }
+            }
+        }
+    }
+
+    fn len(&mut self, len: usize, fix: Option<(u8, usize)>, m8: Option<u8>, m16: u8, m32: u8) {
+        let out = &mut *self.out;
+        match (fix, m8) {
+            (Some((base, max)), _) if len <= max => out.push(base | len as u8),
+            (_, Some(marker)) if len <= 0xff => out.extend_from_slice(&[marker, len as u8]),
+            _ if len <= 0xffff => {
+                out.push(m16);
+                out.extend_from_slice(&(len as u16).to_be_bytes());
+            }
+            _ => {
+                out.push(m32);
+                out.extend_from_slice(&(len as u32).to_be_bytes());
+            }
+        }
     }
 }
 
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    write_len(out, s.len(), Some((0xa0, 31)), Some(0xd9), 0xda, 0xdb);
-    out.extend_from_slice(s.as_bytes());
+/// What a frame's values become: the one msgpack parser ([`read`]) hands each value it
+/// finds to a builder, so the registry's check ([`validate`]), the core's [`Value`]
+/// ([`decode`]) and the bindings' Python objects come from the same reading of the bytes,
+/// with the same limits and errors.
+pub trait Build {
+    /// A built value.
+    type Node;
+    /// An array being filled.
+    type Seq;
+    /// A map being filled.
+    type Map;
+    /// The builder's own failures, beside the frame's.
+    type Error: From<DecodeError>;
+
+    fn nil(&mut self) -> Result<Self::Node, Self::Error>;
+    fn bool(&mut self, b: bool) -> Result<Self::Node, Self::Error>;
+    fn int(&mut self, i: i128) -> Result<Self::Node, Self::Error>;
+    fn float(&mut self, x: f64) -> Result<Self::Node, Self::Error>;
+    fn str(&mut self, s: &str) -> Result<Self::Node, Self::Error>;
+    fn bin(&mut self, b: &[u8]) -> Result<Self::Node, Self::Error>;
+    /// An array of `len` items (`len` is already checked against the frame's length).
+    fn seq(&mut self, len: usize) -> Result<Self::Seq, Self::Error>;
+    fn push(&mut self, seq: &mut Self::Seq, item: Self::Node) -> Result<(), Self::Error>;
+    fn end_seq(&mut self, seq: Self::Seq) -> Result<Self::Node, Self::Error>;
+    /// A map of `len` entries (checked as for `seq`).
+    fn map(&mut self, len: usize) -> Result<Self::Map, Self::Error>;
+    fn insert(&mut self, map: &mut Self::Map, key: &str, value: Self::Node) -> Result<(), Self::Error>;
+    fn end_map(&mut self, map: Self::Map) -> Result<Self::Node, Self::Error>;
 }
 
-fn write_value(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::Nil => out.push(0xc0),
-        Value::Bool(false) => out.push(0xc2),
-        Value::Bool(true) => out.push(0xc3),
-        Value::Int(i) => write_int(out, *i),
-        Value::Float(x) => {
-            out.push(0xcb);
-            out.extend_from_slice(&x.to_be_bytes());
-        }
-        Value::Str(s) => write_str(out, s),
-        Value::Bin(b) => {
-            write_len(out, b.len(), None, Some(0xc4), 0xc5, 0xc6);
-            out.extend_from_slice(b);
-        }
-        Value::Array(items) => {
-            write_len(out, items.len(), Some((0x90, 15)), None, 0xdc, 0xdd);
-            for item in items {
-                write_value(out, item);
-            }
-        }
-        Value::Map(entries) => {
-            write_len(out, entries.len(), Some((0x80, 15)), None, 0xde, 0xdf);
-            for (k, item) in entries {
-                write_str(out, k);
-                write_value(out, item);
-            }
-        }
+/// Reads exactly one value filling the whole frame into `builder`.
+pub fn read<B: Build>(frame: &[u8], builder: &mut B) -> Result<B::Node, B::Error> {
+    let mut r = Reader { data: frame, pos: 0 };
+    let v = r.value(0, builder)?;
+    if r.pos != frame.len() {
+        return Err(DecodeError::TrailingBytes.into());
     }
+    Ok(v)
 }
 
 /// Decodes exactly one value filling the whole frame.
 pub fn decode(frame: &[u8]) -> Result<Value, DecodeError> {
-    let mut r = Reader { data: frame, pos: 0 };
-    let v = r.value(0)?;
-    if r.pos != frame.len() {
-        return Err(DecodeError::TrailingBytes);
+    read(frame, &mut ValueBuilder)
+}
+
+/// Whether `frame` decodes (the same verdict as [`decode`]), building nothing.
+pub fn validate(frame: &[u8]) -> Result<(), DecodeError> {
+    read(frame, &mut Check).map(|_| ())
+}
+
+/// Builds [`Value`]s.
+struct ValueBuilder;
+
+impl Build for ValueBuilder {
+    type Node = Value;
+    type Seq = Vec<Value>;
+    type Map = Vec<(String, Value)>;
+    type Error = DecodeError;
+
+    fn nil(&mut self) -> Result<Value, DecodeError> {
+        Ok(Value::Nil)
     }
-    Ok(v)
+    fn bool(&mut self, b: bool) -> Result<Value, DecodeError> {
+        Ok(Value::Bool(b))
+    }
+    fn int(&mut self, i: i128) -> Result<Value, DecodeError> {
+        Ok(Value::Int(i))
+    }
+    fn float(&mut self, x: f64) -> Result<Value, DecodeError> {
+        Ok(Value::Float(x))
+    }
+    fn str(&mut self, s: &str) -> Result<Value, DecodeError> {
+        Ok(Value::Str(s.to_string()))
+    }
+    fn bin(&mut self, b: &[u8]) -> Result<Value, DecodeError> {
+        Ok(Value::Bin(b.to_vec()))
+    }
+    fn seq(&mut self, len: usize) -> Result<Vec<Value>, DecodeError> {
+        Ok(Vec::with_capacity(len))
+    }
+    fn push(&mut self, seq: &mut Vec<Value>, item: Value) -> Result<(), DecodeError> {
+        seq.push(item);
+        Ok(())
+    }
+    fn end_seq(&mut self, seq: Vec<Value>) -> Result<Value, DecodeError> {
+        Ok(Value::Array(seq))
+    }
+    fn map(&mut self, len: usize) -> Result<Vec<(String, Value)>, DecodeError> {
+        Ok(Vec::with_capacity(len))
+    }
+    fn insert(&mut self, map: &mut Vec<(String, Value)>, key: &str, value: Value) -> Result<(), DecodeError> {
+        map.push((key.to_string(), value));
+        Ok(())
+    }
+    fn end_map(&mut self, map: Vec<(String, Value)>) -> Result<Value, DecodeError> {
+        Ok(Value::Map(map))
+    }
+}
+
+/// Builds nothing: the parser's checks alone. Its nodes carry the Python type name, which
+/// a non-string map key's error names.
+struct Check;
+
+impl Build for Check {
+    type Node = &'static str;
+    type Seq = ();
+    type Map = ();
+    type Error = DecodeError;
+
+    fn nil(&mut self) -> Result<&'static str, DecodeError> {
+        Ok("NoneType")
+    }
+    fn bool(&mut self, _: bool) -> Result<&'static str, DecodeError> {
+        Ok("bool")
+    }
+    fn int(&mut self, _: i128) -> Result<&'static str, DecodeError> {
+        Ok("int")
+    }
+    fn float(&mut self, _: f64) -> Result<&'static str, DecodeError> {
+        Ok("float")
+    }
+    fn str(&mut self, _: &str) -> Result<&'static str, DecodeError> {
+        Ok("str")
+    }
+    fn bin(&mut self, _: &[u8]) -> Result<&'static str, DecodeError> {
+        Ok("bytes")
+    }
+    fn seq(&mut self, _: usize) -> Result<(), DecodeError> {
+        Ok(())
+    }
+    fn push(&mut self, _: &mut (), _: &'static str) -> Result<(), DecodeError> {
+        Ok(())
+    }
+    fn end_seq(&mut self, _: ()) -> Result<&'static str, DecodeError> {
+        Ok("list")
+    }
+    fn map(&mut self, _: usize) -> Result<(), DecodeError> {
+        Ok(())
+    }
+    fn insert(&mut self, _: &mut (), _: &str, _: &'static str) -> Result<(), DecodeError> {
+        Ok(())
+    }
+    fn end_map(&mut self, _: ()) -> Result<&'static str, DecodeError> {
+        Ok("dict")
+    }
 }
 
 struct Reader<'a> {
@@ -273,85 +452,121 @@ impl<'a> Reader<'a> {
         Ok(self.take(n)?.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
     }
 
-    fn str(&mut self, len: usize) -> Result<String, DecodeError> {
+    fn str(&mut self, len: usize) -> Result<&'a str, DecodeError> {
         let bytes = self.take(len)?;
-        std::str::from_utf8(bytes).map(str::to_string).map_err(|_| DecodeError::InvalidUtf8)
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8)
     }
 
-    fn array(&mut self, len: usize, depth: usize) -> Result<Value, DecodeError> {
+    fn array<B: Build>(&mut self, len: usize, depth: usize, b: &mut B) -> Result<B::Node, B::Error> {
         // Each element takes at least one byte: a claimed length beyond the frame is a lie.
         if len > self.data.len() - self.pos {
-            return Err(DecodeError::Truncated);
+            return Err(DecodeError::Truncated.into());
         }
-        let mut items = Vec::with_capacity(len);
+        let mut seq = b.seq(len)?;
         for _ in 0..len {
-            items.push(self.value(depth + 1)?);
+            let item = self.value(depth + 1, b)?;
+            b.push(&mut seq, item)?;
         }
-        Ok(Value::Array(items))
+        b.end_seq(seq)
     }
 
-    fn map(&mut self, len: usize, depth: usize) -> Result<Value, DecodeError> {
+    fn map<B: Build>(&mut self, len: usize, depth: usize, b: &mut B) -> Result<B::Node, B::Error> {
         if len > (self.data.len() - self.pos) / 2 {
-            return Err(DecodeError::Truncated);
+            return Err(DecodeError::Truncated.into());
         }
-        let mut entries = Vec::with_capacity(len);
+        let mut map = b.map(len)?;
         for _ in 0..len {
-            let key = match self.data.get(self.pos) {
-                // A fixstr key (every W1 key) is read directly; anything else goes through
-                // `value`, which also applies the depth bound.
-                Some(&b @ 0xa0..=0xbf) if depth < MAX_DEPTH => {
-                    self.pos += 1;
-                    self.str(usize::from(b & 0x1f))?
-                }
-                _ => match self.value(depth + 1)? {
-                    Value::Str(s) => s,
-                    other => return Err(DecodeError::NonStringKey(other.type_name())),
-                },
-            };
-            entries.push((key, self.value(depth + 1)?));
+            let key = self.key(depth)?;
+            let value = self.value(depth + 1, b)?;
+            b.insert(&mut map, key, value)?;
         }
-        Ok(Value::Map(entries))
+        b.end_map(map)
     }
 
-    fn value(&mut self, depth: usize) -> Result<Value, DecodeError> {
-        if depth > MAX_DEPTH {
-            return Err(DecodeError::TooDeep);
-        }
-        let b = self.byte()?;
-        Ok(match b {
-            0x00..=0x7f => Value::Int(i128::from(b)),
-            0x80..=0x8f => return self.map(usize::from(b & 0x0f), depth),
-            0x90..=0x9f => return self.array(usize::from(b & 0x0f), depth),
-            0xa0..=0xbf => Value::Str(self.str(usize::from(b & 0x1f))?),
-            0xc0 => Value::Nil,
-            0xc2 => Value::Bool(false),
-            0xc3 => Value::Bool(true),
-            0xc4..=0xc6 => {
-                let n = self.be(1 << (b - 0xc4))? as usize;
-                Value::Bin(self.take(n)?.to_vec())
+    /// A map key, borrowed from the frame. A fixstr key (every W1 key) is read directly;
+    /// anything else is read whole first (so the depth bound and truncation still apply)
+    /// and refused unless it is a `str`.
+    fn key(&mut self, depth: usize) -> Result<&'a str, DecodeError> {
+        match self.data.get(self.pos) {
+            Some(&b @ 0xa0..=0xbf) if depth < MAX_DEPTH => {
+                self.pos += 1;
+                self.str(usize::from(b & 0x1f))
             }
-            0xca => Value::Float(f64::from(f32::from_bits(self.be(4)? as u32))),
-            0xcb => Value::Float(f64::from_bits(self.be(8)?)),
-            0xcc..=0xcf => Value::Int(i128::from(self.be(1 << (b - 0xcc))?)),
-            0xd0 => Value::Int(i128::from(self.be(1)? as u8 as i8)),
-            0xd1 => Value::Int(i128::from(self.be(2)? as u16 as i16)),
-            0xd2 => Value::Int(i128::from(self.be(4)? as u32 as i32)),
-            0xd3 => Value::Int(i128::from(self.be(8)? as i64)),
-            0xd9..=0xdb => {
+            Some(&b @ 0xd9..=0xdb) if depth < MAX_DEPTH => {
+                self.pos += 1;
                 let n = self.be(1 << (b - 0xd9))? as usize;
-                Value::Str(self.str(n)?)
+                self.str(n)
+            }
+            // Every `str` marker is taken above, so this value is not one.
+            _ => Err(DecodeError::NonStringKey(self.value(depth + 1, &mut Check)?)),
+        }
+    }
+
+    fn value<B: Build>(&mut self, depth: usize, b: &mut B) -> Result<B::Node, B::Error> {
+        if depth > MAX_DEPTH {
+            return Err(DecodeError::TooDeep.into());
+        }
+        let m = self.byte()?;
+        match m {
+            0x00..=0x7f => b.int(i128::from(m)),
+            0x80..=0x8f => self.map(usize::from(m & 0x0f), depth, b),
+            0x90..=0x9f => self.array(usize::from(m & 0x0f), depth, b),
+            0xa0..=0xbf => {
+                let s = self.str(usize::from(m & 0x1f))?;
+                b.str(s)
+            }
+            0xc0 => b.nil(),
+            0xc2 => b.bool(false),
+            0xc3 => b.bool(true),
+            0xc4..=0xc6 => {
+                let n = self.be(1 << (m - 0xc4))? as usize;
+                let bytes = self.take(n)?;
+                b.bin(bytes)
+            }
+            0xca => {
+                let x = f64::from(f32::from_bits(self.be(4)? as u32));
+                b.float(x)
+            }
+            0xcb => {
+                let x = f64::from_bits(self.be(8)?);
+                b.float(x)
+            }
+            0xcc..=0xcf => {
+                let i = i128::from(self.be(1 << (m - 0xcc))?);
+                b.int(i)
+            }
+            0xd0 => {
+                let i = i128::from(self.be(1)? as u8 as i8);
+                b.int(i)
+            }
+            0xd1 => {
+                let i = i128::from(self.be(2)? as u16 as i16);
+                b.int(i)
+            }
+            0xd2 => {
+                let i = i128::from(self.be(4)? as u32 as i32);
+                b.int(i)
+            }
+            0xd3 => {
+                let i = i128::from(self.be(8)? as i64);
+                b.int(i)
+            }
+            0xd9..=0xdb => {
+                let n = self.be(1 << (m - 0xd9))? as usize;
+                let s = self.str(n)?;
+                b.str(s)
             }
             0xdc | 0xdd => {
-                let n = self.be(if b == 0xdc { 2 } else { 4 })? as usize;
-                return self.array(n, depth);
+                let n = self.be(if m == 0xdc { 2 } else { 4 })? as usize;
+                self.array(n, depth, b)
             }
             0xde | 0xdf => {
-                let n = self.be(if b == 0xde { 2 } else { 4 })? as usize;
-                return self.map(n, depth);
+                let n = self.be(if m == 0xde { 2 } else { 4 })? as usize;
+                self.map(n, depth, b)
             }
-            0xe0..=0xff => Value::Int(i128::from(b as i8)),
-            other => return Err(DecodeError::Unsupported(other)),
-        })
+            0xe0..=0xff => b.int(i128::from(m as i8)),
+            other => Err(DecodeError::Unsupported(other).into()),
+        }
     }
 }
 
@@ -408,5 +623,28 @@ mod tests {
         assert_eq!(decode(&[0x81, 0x01, 0x02]), Err(DecodeError::NonStringKey("int")));
         assert_eq!(decode(&[0x01, 0x02]), Err(DecodeError::TrailingBytes));
         assert_eq!(decode(&[0x91; 100]), Err(DecodeError::TooDeep));
+    }
+
+    #[test]
+    fn validate_gives_the_verdict_of_decode() {
+        let mut deep_key = vec![0x81; MAX_DEPTH];
+        deep_key.extend_from_slice(&[0xa1, b'k', 0x01]);
+        let frames: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0xdd, 0xff, 0xff, 0xff, 0xff],
+            vec![0xc1],
+            vec![0xa1, 0xff],
+            vec![0x81, 0x01, 0x02],
+            vec![0x81, 0x91, 0x01, 0x02],
+            vec![0x81, 0xd9, 0x01, b'k', 0x02],
+            vec![0x81, 0xd9, 0x05, b'k'],
+            vec![0x01, 0x02],
+            vec![0x91; 100],
+            deep_key,
+            encode(&Value::map([("type", Value::from("lookup")), ("keys", Value::Array(vec![Value::Bin(vec![1])]))])),
+        ];
+        for frame in &frames {
+            assert_eq!(validate(frame), decode(frame).map(|_| ()), "frame {frame:02x?}");
+        }
     }
 }

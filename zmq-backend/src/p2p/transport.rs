@@ -161,9 +161,20 @@ impl ZmqTransport {
         self.carry_out()
     }
 
+    /// [`Self::send`] of a frame already written with `value::Writer`.
+    pub fn send_frame(&mut self, peer: &str, frame: Vec<u8>) -> Result<(), P2pError> {
+        self.registry.send_frame(peer, frame)?;
+        self.carry_out()
+    }
+
     /// Everything received from `peer` since the last call.
     pub fn recv(&mut self, peer: &str) -> Vec<Value> {
         self.registry.recv(peer)
+    }
+
+    /// [`Self::recv`] as frames, each known to decode (`value::read` builds from them).
+    pub fn recv_frames(&mut self, peer: &str) -> Vec<Vec<u8>> {
+        self.registry.recv_frames(peer)
     }
 
     /// Liveness only (the session found the peer gone); the sockets stay open until the
