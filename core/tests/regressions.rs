@@ -2,13 +2,14 @@
 //! core machine directly (sans-IO) through its race and shows what changes when the switch
 //! restores the historical behaviour. Default configurations must keep the fixed behaviour.
 
+use ctlplane_core::ec::defaults::RESERVATION_TTL;
 use ctlplane_core::ec::inbox::{DiscoveryStep, EndpointDiscovery, Inbox, InboxRegressions, ReadyEvent, Subscribe};
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, PushRegressions, Transmit,
 };
 use ctlplane_core::ec::readiness::{EventFate, Readiness};
 use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, RequestSlot, SlotRegressions};
-use ctlplane_core::ec::reservations::{BookRegressions, ReserveRequest, Reserved, RESERVATION_TTL};
+use ctlplane_core::ec::reservations::{BookRegressions, ReserveRequest, Reserved};
 use ctlplane_core::ec::shard::{reply_result, Halt, ShardRegressions};
 use ctlplane_core::ec::topology::TopologyCache;
 use ctlplane_core::ec::{wire, BookConfig, ConsumerShard, DType, ReservationBook, ShardConfig, State};

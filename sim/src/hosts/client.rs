@@ -21,9 +21,6 @@ use super::world;
 use crate::clock;
 use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
 
-/// `control_timeout_s` default.
-pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
-
 struct Conn {
     slot: RequestSlot,
     socket: Option<Rc<Socket>>,

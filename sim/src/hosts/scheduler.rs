@@ -9,6 +9,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
 use ctlplane_core::ec::inbox::{decode_event, DiscoveryStep, EndpointDiscovery, Inbox, Subscribe};
 use ctlplane_core::ec::producer::CANCEL_ATTEMPTS;
 use ctlplane_core::ec::readiness::{Notice, Readiness, ReadinessConfig};
@@ -17,7 +18,7 @@ use ctlplane_core::ec::topology::{peers_request, TopologyCache, DISCOVERY_ATTEMP
 use ctlplane_core::time::Instant;
 use tokio::sync::{mpsc, Notify};
 
-use super::client::{ControlClient, CONTROL_TIMEOUT};
+use super::client::ControlClient;
 use super::world::{self, ItemFate};
 use crate::clock;
 use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
