@@ -2,16 +2,17 @@
 //! core machine directly (sans-IO) through its race and shows what changes when the switch
 //! restores the historical behaviour. Default configurations must keep the fixed behaviour.
 
-use ctlplane_core::ec::inbox::{EndpointDiscovery, Inbox, InboxAction, InboxRegressions, ReadyEvent};
+use ctlplane_core::ec::defaults::RESERVATION_TTL;
+use ctlplane_core::ec::inbox::{DiscoveryStep, EndpointDiscovery, Inbox, InboxRegressions, ReadyEvent, Subscribe};
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, PushRegressions, Transmit,
 };
 use ctlplane_core::ec::readiness::{EventFate, Readiness};
-use ctlplane_core::ec::request_slot::{Discard, ReplyFate, RequestSlot, SlotRegressions};
-use ctlplane_core::ec::reservations::{BookRegressions, ReserveRequest, Reserved, RESERVATION_TTL};
+use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, RequestSlot, SlotRegressions};
+use ctlplane_core::ec::reservations::{BookRegressions, ReserveRequest, Reserved};
 use ctlplane_core::ec::shard::{reply_result, Halt, ShardRegressions};
 use ctlplane_core::ec::topology::TopologyCache;
-use ctlplane_core::ec::{BookConfig, ConsumerShard, DType, ReservationBook, ShardConfig, State};
+use ctlplane_core::ec::{wire, BookConfig, ConsumerShard, DType, ReservationBook, ShardConfig, State};
 use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
 use ctlplane_core::p2p::value::{encode, Value as MsgValue};
 use ctlplane_core::p2p::{ConnectionRegistry, PollInput, RegistryConfig};
@@ -116,13 +117,13 @@ fn ec_s4_full_backlog_drops_the_oldest_and_counts_it() {
 fn ec_s5_inline_discovery_is_asked_of_the_driver_only_with_the_switch() {
     let mut fixed = Inbox::default();
     let mut old = Inbox::new(InboxRegressions { s5_inline_discovery: true, ..InboxRegressions::default() });
-    assert!(!fixed.discovery_blocks_drain());
-    assert!(old.discovery_blocks_drain());
-    for inbox in [&mut fixed, &mut old] {
+    let cache = TopologyCache::default();
+    for (inbox, inline) in [(&mut fixed, false), (&mut old, true)] {
         // Both ask for a pass on every drain while the consumer stays unreachable: the
         // failure is not cached, so an inline pass costs its timeouts on every drain.
         for _ in 0..3 {
-            assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery));
+            let start = inbox.on_drain("tcp://10.0.0.5:19019", &cache).expect("a pass on every drain");
+            assert_eq!(start.inline, inline);
             assert_eq!(inbox.on_discovery(Err(TIMEOUT.into())), None);
         }
     }
@@ -149,9 +150,7 @@ fn ec_s6_base_shard_only_makes_one_rank_enough() {
         [InboxRegressions::default(), InboxRegressions { s6_base_shard_only: true, ..Default::default() }]
     {
         let mut inbox = Inbox::new(regressions);
-        let pass = inbox.discovery(base, &cache);
-        let first = pass.step();
-        assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery));
+        let first = inbox.on_drain(base, &cache).expect("the first drain starts a pass").pass.step();
         let subscribed = inbox.on_discovery(Ok(endpoints.clone()));
         let mut readiness = Readiness::default();
         readiness.wait_for_event("t", "h", T0).unwrap();
@@ -160,14 +159,15 @@ fn ec_s6_base_shard_only_makes_one_rank_enough() {
     }
     let (first, subscribed, count, fate) = &outcomes[0];
     assert_eq!(first, &EndpointDiscovery::new(base, &TopologyCache::default()).step(), "peers first");
-    assert_eq!(subscribed, &Some(InboxAction::Subscribe(endpoints.clone())));
+    assert_eq!(subscribed, &Some(Subscribe { endpoints: endpoints.clone() }));
     assert_eq!((*count, *fate), (3, EventFate::Partial), "rank 0 alone is not enough");
 
     let (first, subscribed, count, fate) = &outcomes[1];
-    assert_eq!(first, &EndpointDiscovery::base_only(base).step(), "only the base's event_port");
-    assert!(matches!(first, ctlplane_core::ec::inbox::DiscoveryStep::Request { addr, frame }
-        if addr == base && frame == br#"{"op": "event_port"}"#));
-    assert_eq!(subscribed, &Some(InboxAction::Subscribe(endpoints[..1].to_vec())));
+    assert!(
+        matches!(first, DiscoveryStep::Request { addr, frame } if addr == base && frame == br#"{"op": "event_port"}"#),
+        "only the base's event_port"
+    );
+    assert_eq!(subscribed, &Some(Subscribe { endpoints: endpoints[..1].to_vec() }));
     assert_eq!((*count, *fate), (1, EventFate::Accepted), "accepted before ranks 1 and 2 hold it");
 }
 
@@ -176,6 +176,7 @@ fn ec_s6_base_shard_only_makes_one_rank_enough() {
 
 #[test]
 fn ec_s9_reused_socket_takes_the_late_reply_as_the_next_answer() {
+    const LATE: &[u8] = br#"{"ok": true, "result": "late"}"#;
     let timeout = Duration::from_secs(30);
     let mut fixed = RequestSlot::new(timeout);
     let mut old = RequestSlot::with_regressions(timeout, SlotRegressions { s9_reuse_after_timeout: true });
@@ -183,16 +184,20 @@ fn ec_s9_reused_socket_takes_the_late_reply_as_the_next_answer() {
         assert!(slot.begin(T0).unwrap().open);
     }
     let late = T0 + timeout;
-    assert_eq!(fixed.handle_timeout(late), Some(Discard { generation: 1 }));
-    assert_eq!(old.handle_timeout(late), None, "the timed-out socket is kept");
+    let timed_out = |slot: &mut RequestSlot| slot.finish::<Value, ()>(1, Ending::TimedOut, wire::decode_reply);
+    assert_eq!(timed_out(&mut fixed), Outcome { discard_socket: true, result: Err(Failure::TimedOut) });
+    let kept = timed_out(&mut old);
+    assert_eq!(kept, Outcome { discard_socket: false, result: Err(Failure::TimedOut) }, "the timed-out socket is kept");
 
     let next = fixed.begin(late).unwrap();
     assert_eq!((next.generation, next.open), (2, true));
-    assert_eq!(fixed.handle_reply(1), ReplyFate::Ignore, "the late reply of request 1 is dropped");
+    let dropped = fixed.finish::<Value, ()>(1, Ending::Reply(LATE), wire::decode_reply);
+    assert_eq!(dropped.result, Err(Failure::Stale), "the late reply of request 1 is dropped");
 
     let next = old.begin(late).unwrap();
     assert_eq!((next.generation, next.open), (1, false), "request 2 goes out on the old socket");
-    assert_eq!(old.handle_reply(1), ReplyFate::Accept, "request 1's late reply answers request 2");
+    let taken = old.finish::<Value, ()>(1, Ending::Reply(LATE), wire::decode_reply);
+    assert_eq!(taken.result, Ok(json!("late")), "request 1's late reply answers request 2");
 }
 
 // ---------------------------------------------------------------------------------------

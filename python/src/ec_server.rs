@@ -3,6 +3,7 @@
 //! takes the GIL; Python reads the book between requests.
 
 use crate::json;
+use ctlplane_core::ec::defaults::RESERVATION_TTL;
 use ctlplane_core::ec::shard::ShardConfig;
 use ctlplane_core::ec::wire::StatusResult;
 use ctlplane_zmq::ConsumerControlServer;
@@ -37,7 +38,7 @@ impl ConsumerShardServer {
 #[pymethods]
 impl ConsumerShardServer {
     #[new]
-    #[pyo3(signature = (host, port, pool_bytes, *, pool_base=0, peer_ports=None, ttl_s=300.0))]
+    #[pyo3(signature = (host, port, pool_bytes, *, pool_base=0, peer_ports=None, ttl_s=RESERVATION_TTL.as_secs_f64()))]
     fn new(
         host: String,
         port: u16,

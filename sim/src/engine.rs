@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::Duration;
 
-use ctlplane_core::ec::readiness::PUSH_WAIT_TIMEOUT;
+use ctlplane_core::ec::defaults::PUSH_WAIT_TIMEOUT;
 use ctlplane_core::regressions::Regressions;
 
 use crate::device::Device;

@@ -15,6 +15,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
 
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
+use ctlplane_core::p2p::defaults::{HEARTBEAT_IVL, HEARTBEAT_TIMEOUT};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -22,13 +24,6 @@ use thiserror::Error;
 
 use crate::topology::Topology;
 
-/// `ZMQ_HEARTBEAT_IVL` of the P2P sockets (p2p-behaviour.md §1.4).
-pub const HEARTBEAT_IVL: Duration = Duration::from_millis(2_000);
-/// `ZMQ_HEARTBEAT_TIMEOUT` of the P2P sockets: a link silent this long after a PING drops.
-pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(10_000);
-/// `control_timeout_s` of the EC clients (ec-behaviour.md §9): a handler slower than this makes the
-/// client give up and discard its REQ socket.
-pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a simulated P2P peer polls its transport when nothing arrives (one manager
 /// tick). Mainline polls once per engine scheduler step (p2p-behaviour.md §3.4: 0.45-0.6 s per hop on a
 /// busy rank); 50 ms is a lightly loaded engine's step. A readable ROUTER wakes it sooner.
@@ -499,7 +494,7 @@ fn draw_kind(k: usize, rng: &mut ChaCha8Rng, t: &Targets) -> Option<FaultKind> {
         }
         5 => {
             let host = pick(rng, &t.ranks)?.clone();
-            let timeout = ms(CLIENT_TIMEOUT);
+            let timeout = ms(CONTROL_TIMEOUT);
             FaultKind::SlowHandler {
                 host,
                 delay_ms: rng.gen_range(timeout + 1..=timeout * 3 / 2),
@@ -1018,7 +1013,7 @@ mod tests {
                     FaultKind::LongPartition { for_ms, .. } => {
                         assert!(*for_ms > ms(HEARTBEAT_TIMEOUT + HEARTBEAT_IVL))
                     }
-                    FaultKind::SlowHandler { delay_ms, .. } => assert!(*delay_ms > ms(CLIENT_TIMEOUT)),
+                    FaultKind::SlowHandler { delay_ms, .. } => assert!(*delay_ms > ms(CONTROL_TIMEOUT)),
                     _ => {}
                 }
             }

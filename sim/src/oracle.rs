@@ -75,7 +75,7 @@ pub const RESOLVE_SLACK: Duration = Duration::from_secs(5);
 /// restarted meets a working service, so its producer pushes every item
 /// (`request-resolves`), in a world whose data plane never fails a write.
 pub const SETTLED: Duration =
-    Duration::from_secs(crate::engine::ACTIVE.as_secs() + 2 * crate::faults::CLIENT_TIMEOUT.as_secs());
+    Duration::from_secs(crate::engine::ACTIVE.as_secs() + 2 * ctlplane_core::ec::defaults::CONTROL_TIMEOUT.as_secs());
 
 /// Safety, after every step: for every rank whose book changed, its structural invariants
 /// (no overlapping or double allocation, memory owned exactly once: `no-overlap`), the
@@ -230,7 +230,7 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
             w.ranks.iter().map(|(h, r)| (h.clone(), r.shard.clone())).collect();
         // READY records announced less than a TTL ago (a scenario's late encoders) have
         // not outlived it yet.
-        let ttl = ctlplane_core::ec::reservations::RESERVATION_TTL.as_nanos() as u64;
+        let ttl = ctlplane_core::ec::defaults::RESERVATION_TTL.as_nanos() as u64;
         let young: std::collections::BTreeSet<(String, String)> =
             w.announced_at.iter().filter(|(_, at)| at.as_nanos() + ttl > now_ns).map(|(k, _)| k.clone()).collect();
         (late, tids, ranks, young)

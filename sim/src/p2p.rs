@@ -28,7 +28,7 @@ use ctlplane_core::p2p::T0Switches;
 use crate::topology::Topology;
 
 pub use ledger::LIVENESS_WINDOW;
-pub use peer::{peer_id, PeerConfig, PeerSettings, HEARTBEAT_TTL, MAX_SOCKETS, MAX_TICK, PORT};
+pub use peer::{peer_id, PeerConfig, PeerSettings, MAX_SOCKETS, MAX_TICK, PORT};
 
 /// How long the world needs, after the last fault heals, before [`check_liveness`] can
 /// hold. W1 sends a Connect once per session, so a lost Connect or Ack is recovered only

@@ -2,10 +2,10 @@
 //!
 //! Sockets are kept per (thread, address), as the reference keeps them in thread-local
 //! storage: two threads talking to one shard use two connections and never share a REQ
-//! socket's lockstep. Whether a request needs a fresh socket and when a socket must go
-//! (any failure: a REQ that sent and did not receive cannot send again) is decided by the
-//! core's [`RequestSlot`]; shard discovery and its success-only cache are the core's
-//! [`TopologyCache`].
+//! socket's lockstep. Whether a request needs a fresh socket, what an exchange's ending
+//! (reply, timeout, transport error) means and whether its socket goes are decided by the
+//! core's [`RequestSlot`]; this driver moves frames and carries out its [`Outcome`]. Shard
+//! discovery and its success-only cache are the core's [`TopologyCache`].
 
 use crate::clock::Clock;
 use crate::curve::CurveClient;
@@ -13,7 +13,7 @@ use crate::requests::{self, Completion, ReserveSpec};
 use crate::{lock, sockets};
 use ctlplane_core::ec::pyjson;
 use ctlplane_core::ec::reply_text;
-use ctlplane_core::ec::request_slot::{Busy, ReplyFate, RequestSlot};
+use ctlplane_core::ec::request_slot::{Busy, Ending, Failure, Outcome, RequestSlot, SlotRegressions};
 use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::topology::{TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
 use ctlplane_core::ec::wire::{self, WireError};
@@ -42,7 +42,8 @@ pub enum ClientError {
     /// The server answered `ok: false`; the text is the server's (`RuntimeError(error)`).
     #[error("{message}")]
     Remote { addr: String, message: String },
-    /// The reply was not UTF-8 JSON; the socket was discarded.
+    /// The reply was not one frame of UTF-8 JSON (or answered no outstanding request); the
+    /// socket was discarded.
     #[error("malformed control reply from {addr}")]
     MalformedReply { addr: String },
     /// The reply was JSON but not an object; the round trip completed, so the socket stays.
@@ -120,6 +121,7 @@ pub struct ControlClient {
     timeout: Duration,
     timeout_ms: i32,
     clock: Clock,
+    regressions: SlotRegressions,
     conns: Mutex<Conns>,
     topologies: Mutex<TopologyCache>,
     curve: Option<CurveClient>,
@@ -134,6 +136,7 @@ impl ControlClient {
             timeout,
             timeout_ms: sockets::millis(timeout),
             clock: Clock::new(),
+            regressions: SlotRegressions::default(),
             conns: Mutex::new(Conns { closed: false, idle: HashMap::default() }),
             topologies: Mutex::new(TopologyCache::default()),
             curve: None,
@@ -144,6 +147,13 @@ impl ControlClient {
     /// (its REQ sockets, and the PULL of an [`crate::EventInbox`] over it).
     pub fn with_curve(mut self, curve: CurveClient) -> Self {
         self.curve = Some(curve);
+        self
+    }
+
+    /// The same client with regression switches on its REQ slots (the race catalogue,
+    /// `docs/races.md`; EC S9 keeps a timed-out socket for the next request).
+    pub fn with_regressions(mut self, regressions: SlotRegressions) -> Self {
+        self.regressions = regressions;
         self
     }
 
@@ -161,29 +171,24 @@ impl ControlClient {
     /// Sends one already-encoded request frame and returns the reply's `result`; an
     /// `ok: false` reply is [`ClientError::Remote`] with the server's text.
     pub fn request_frame(&self, addr: &str, frame: &[u8]) -> Result<Value, ClientError> {
-        match self.exchange(addr, frame, wire::decode_reply)? {
-            Ok(result) => Ok(result),
-            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
-        }
+        self.exchange(addr, frame, wire::decode_reply)
     }
 
     /// [`Self::request_frame`], the result handed back as its JSON text (see
     /// `ctlplane_core::ec::reply_text`) for a caller that builds its own value from it.
     pub fn request_frame_text(&self, addr: &str, frame: &[u8]) -> Result<Vec<u8>, ClientError> {
         let decode = |reply: &[u8]| reply_text::result_text(reply).map(|r| r.map(|text| text.into_owned()));
-        match self.exchange(addr, frame, decode)? {
-            Ok(text) => Ok(text),
-            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
-        }
+        self.exchange(addr, frame, decode)
     }
 
-    /// One exchange whose reply `decode` reads: `Ok(result)` or `Err(the server's text)`.
+    /// One exchange whose reply `decode` reads into `Ok(result)` or `Err(the server's
+    /// text)`; the latter is [`ClientError::Remote`].
     fn exchange<T>(
         &self,
         addr: &str,
         frame: &[u8],
         decode: impl FnOnce(&[u8]) -> Result<Result<T, String>, WireError>,
-    ) -> Result<Result<T, String>, ClientError> {
+    ) -> Result<T, ClientError> {
         let thread = std::thread::current().id();
         let taken = {
             let mut conns = lock(&self.conns);
@@ -192,7 +197,10 @@ impl ControlClient {
             }
             conns.slot(thread, addr).take()
         };
-        let mut conn = taken.unwrap_or_else(|| Conn { slot: RequestSlot::new(self.timeout), socket: None });
+        let mut conn = taken.unwrap_or_else(|| Conn {
+            slot: RequestSlot::with_regressions(self.timeout, self.regressions),
+            socket: None,
+        });
         let outcome = self.exchange_on(&mut conn, addr, frame, decode);
         let mut conns = lock(&self.conns);
         if !conns.closed {
@@ -201,59 +209,45 @@ impl ControlClient {
         outcome
     }
 
-    /// One lockstep round trip on `conn`; every failure discards its socket.
+    /// One lockstep round trip on `conn`: the transport's ending goes to the slot, whose
+    /// outcome says what the result is and whether the socket is closed.
     fn exchange_on<T>(
         &self,
         conn: &mut Conn,
         addr: &str,
         frame: &[u8],
         decode: impl FnOnce(&[u8]) -> Result<Result<T, String>, WireError>,
-    ) -> Result<Result<T, String>, ClientError> {
-        let begin = match conn.slot.begin(self.clock.now()) {
-            Ok(begin) => begin,
-            // Unreachable while a request owns its connection, but never send twice.
-            Err(busy) => {
-                conn.fail();
-                return Err(ClientError::Busy(busy));
-            }
-        };
+    ) -> Result<T, ClientError> {
+        // Busy is unreachable while a request owns its connection; the slot is unchanged.
+        let begin = conn.slot.begin(self.clock.now())?;
         let socket = match conn.socket.take() {
-            Some(socket) if !begin.open => socket,
-            _ => match sockets::open_req(&self.context, addr, self.timeout_ms, self.curve.as_ref()) {
-                Ok(socket) => socket,
-                Err(source) => {
-                    conn.fail();
-                    return Err(ClientError::Transport { addr: addr.into(), source });
-                }
-            },
+            Some(socket) if !begin.open => Ok(socket),
+            _ => sockets::open_req(&self.context, addr, self.timeout_ms, self.curve.as_ref()),
         };
-        let outcome = round_trip(&socket, frame);
-        conn.socket = Some(socket);
-        let reply = match outcome {
-            Ok(reply) => reply,
-            Err(e) => {
-                conn.fail();
-                return Err(self.transport_error(addr, e));
-            }
+        let received = socket.as_ref().map_err(|e| *e).and_then(|socket| round_trip(socket, frame));
+        let ending = match &received {
+            Ok(Received::One(reply)) => Ending::Reply(reply),
+            Ok(Received::Parts(frames)) => Ending::MultiPart(*frames),
+            // RCVTIMEO or SNDTIMEO ran out.
+            Err(zmq::Error::EAGAIN) => Ending::TimedOut,
+            Err(e) => Ending::Transport(*e),
         };
-        if conn.slot.handle_reply(begin.generation) == ReplyFate::Ignore {
-            conn.fail();
-            return Err(ClientError::MalformedReply { addr: addr.into() });
+        let Outcome { discard_socket, result } = conn.slot.finish(begin.generation, ending, decode);
+        if !discard_socket {
+            conn.socket = socket.ok();
         }
-        match decode(&reply) {
-            Ok(outcome) => Ok(outcome),
-            Err(WireError::NotAnObject(_)) => Err(ClientError::NotAnObject { addr: addr.into() }),
-            Err(_) => {
-                conn.fail();
-                Err(ClientError::MalformedReply { addr: addr.into() })
-            }
-        }
+        // A discarded socket drops here: closed with linger 0, nothing waits for unsent data.
+        result.map_err(|failure| self.client_error(addr, failure))
     }
 
-    fn transport_error(&self, addr: &str, e: zmq::Error) -> ClientError {
-        match e {
-            zmq::Error::EAGAIN => ClientError::Timeout { addr: addr.into(), timeout_ms: self.timeout_ms },
-            source => ClientError::Transport { addr: addr.into(), source },
+    fn client_error(&self, addr: &str, failure: Failure<zmq::Error>) -> ClientError {
+        let addr = addr.to_string();
+        match failure {
+            Failure::Remote(message) => ClientError::Remote { addr, message },
+            Failure::NotAnObject(_) => ClientError::NotAnObject { addr },
+            Failure::Malformed(_) | Failure::Stale => ClientError::MalformedReply { addr },
+            Failure::TimedOut => ClientError::Timeout { addr, timeout_ms: self.timeout_ms },
+            Failure::Transport(source) => ClientError::Transport { addr, source },
         }
     }
 
@@ -316,11 +310,7 @@ impl ControlClient {
             requests::write_reserve(frame, spec).ok_or_else(|| overflow(std::slice::from_ref(spec)))?;
             self.exchange(addr, frame, reserve_outcome::decode_reserve_reply)
         })?;
-        match decoded {
-            Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(detail)) => Err(unexpected(addr, "reserve", detail)),
-            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
-        }
+        decoded.map_err(|detail| unexpected(addr, "reserve", detail))
     }
 
     /// One `reserve_batch`: per spec, the reserve result or the shard's error text.
@@ -339,11 +329,8 @@ impl ControlClient {
     /// One `complete_batch` of `(transfer_id, reservation_id)` pairs, outcomes in order.
     pub fn complete_batch(&self, addr: &str, items: &[(&str, &str)]) -> Result<Vec<Completion>, ClientError> {
         let frame = requests::complete_batch(items.iter().copied());
-        match self.exchange(addr, &frame, |reply| requests::decode_complete_batch_reply(reply, items.len()))? {
-            Ok(Ok(done)) => Ok(done),
-            Ok(Err(detail)) => Err(unexpected(addr, "complete_batch", detail)),
-            Err(message) => Err(ClientError::Remote { addr: addr.to_string(), message }),
-        }
+        self.exchange(addr, &frame, |reply| requests::decode_complete_batch_reply(reply, items.len()))?
+            .map_err(|detail| unexpected(addr, "complete_batch", detail))
     }
 
     /// One `cancel`; whether the shard cancelled anything.
@@ -392,29 +379,28 @@ impl Conns {
     }
 }
 
-impl Conn {
-    /// The exchange failed: the slot decides whether the socket goes; if so it is
-    /// closed here (its linger is 0, so nothing waits for unsent data).
-    fn fail(&mut self) {
-        if self.slot.handle_failure().is_some() {
-            self.socket = None;
-        }
-    }
+/// What one receive read.
+enum Received {
+    /// A single-frame reply, in libzmq's buffer.
+    One(zmq::Message),
+    /// A reply of this many frames, read whole and dropped.
+    Parts(usize),
 }
 
-/// Sends `frame` and reads the single-part reply, decoded from libzmq's buffer. A
-/// multi-part reply is read whole and answered with an empty frame, which the decoder
-/// refuses as malformed.
-fn round_trip(socket: &zmq::Socket, frame: &[u8]) -> zmq::Result<zmq::Message> {
+/// Sends `frame` and reads the reply: a single frame is decoded from libzmq's buffer, a
+/// multi-part reply is read whole (so the socket is back in lockstep) and counted.
+fn round_trip(socket: &zmq::Socket, frame: &[u8]) -> zmq::Result<Received> {
     socket.send(frame, 0)?;
     let first = socket.recv_msg(0)?;
     if !first.get_more() {
-        return Ok(first);
+        return Ok(Received::One(first));
     }
+    let mut frames = 1;
     while socket.get_rcvmore()? {
         socket.recv_msg(0)?;
+        frames += 1;
     }
-    Ok(zmq::Message::new())
+    Ok(Received::Parts(frames))
 }
 
 fn overflow(specs: &[ReserveSpec]) -> ClientError {

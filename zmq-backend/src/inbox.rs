@@ -4,14 +4,16 @@
 //! A drain must never block the scheduler (S5), yet subscribing needs blocking control
 //! requests (`peers`, then `event_port` of every shard). So discovery runs on a background
 //! thread that reports its outcome over a channel, while the PULL socket is created and
-//! read only on the draining thread. What to ask, when to start, adopt or retry a
-//! discovery, and what a frame means are the core's decisions ([`EndpointDiscovery`],
-//! [`Inbox`], [`decode_event`]); this type only moves requests, frames and outcomes.
+//! read only on the draining thread. What to ask, when and where to start, adopt or retry
+//! a discovery, and what a frame means are the core's decisions ([`EndpointDiscovery`],
+//! [`Inbox`], [`decode_event`]); this type only carries out its [`StartDiscovery`] and
+//! [`Subscribe`] and moves requests, frames and outcomes.
 
 use crate::client::ControlClient;
 use crate::curve::CurveClient;
 use ctlplane_core::ec::inbox::{
-    decode_event, DiscoveryStep, EndpointDiscovery, EventError, Inbox, InboxAction, ReadyEvent,
+    decode_event, DiscoveryStep, EndpointDiscovery, EventError, Inbox, InboxRegressions, ReadyEvent, StartDiscovery,
+    Subscribe,
 };
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
@@ -46,7 +48,7 @@ pub struct DrainCounts {
 /// than left open under the ids of finished threads.
 struct Discoverer {
     /// One message per pass to run; dropping it ends the thread after its current pass.
-    start: Sender<()>,
+    start: Sender<EndpointDiscovery>,
     outcomes: Receiver<Outcome>,
     /// A pass is running and its outcome not yet adopted.
     running: bool,
@@ -76,7 +78,20 @@ impl EventInbox {
     /// An inbox for the consumer whose rank-0 control address is `base`. Discovery uses
     /// `client`, and shares its topology cache, so `peers` confirmed once is not asked again.
     pub fn new(client: Arc<ControlClient>, base: &str) -> Self {
-        EventInbox { client, base: base.to_string(), inbox: Inbox::default(), discoverer: None, subscription: None }
+        Self::with_regressions(client, base, InboxRegressions::default())
+    }
+
+    /// [`Self::new`] with the inbox's regression switches (the race catalogue,
+    /// `docs/races.md`: EC S5 runs discovery inside the drain, S6 subscribes to the base
+    /// shard only).
+    pub fn with_regressions(client: Arc<ControlClient>, base: &str, regressions: InboxRegressions) -> Self {
+        EventInbox {
+            client,
+            base: base.to_string(),
+            inbox: Inbox::new(regressions),
+            discoverer: None,
+            subscription: None,
+        }
     }
 
     /// Reads every event queued on the PULL socket, returning at once in every case.
@@ -92,8 +107,9 @@ impl EventInbox {
     /// Frames are read non-blocking until EAGAIN. A frame that does not decode costs that
     /// frame only; a transport error ends this drain (the next one tries again).
     pub fn drain_each(&mut self, mut f: impl FnMut(ReadyEvent, &[u8])) -> DrainCounts {
-        if let Some(action) = self.inbox.on_drain() {
-            self.act(action);
+        let start = self.client.with_topologies(|cache| self.inbox.on_drain(&self.base, cache));
+        if let Some(start) = start {
+            self.start_discovery(start);
         }
         self.poll_discovery();
         let mut counts = DrainCounts::default();
@@ -152,22 +168,19 @@ impl EventInbox {
         self.subscription = None;
     }
 
-    fn act(&mut self, action: InboxAction) {
-        match action {
-            InboxAction::StartDiscovery => self.start_discovery(),
-            InboxAction::Subscribe(endpoints) => self.subscribe(endpoints),
+    fn start_discovery(&mut self, start: StartDiscovery) {
+        if start.inline {
+            let outcome = discover(&self.client, start.pass);
+            return self.adopt(outcome);
         }
-    }
-
-    fn start_discovery(&mut self) {
         if self.discoverer.is_none() {
-            match spawn_discoverer(self.client.clone(), self.base.clone()) {
+            match spawn_discoverer(self.client.clone()) {
                 Ok(d) => self.discoverer = Some(d),
                 Err(e) => return self.adopt(Err(format!("cannot spawn the discovery thread: {e}"))),
             }
         }
         let started = self.discoverer.as_mut().is_some_and(|d| {
-            d.running = d.start.send(()).is_ok();
+            d.running = d.start.send(start.pass).is_ok();
             d.running
         });
         if !started {
@@ -195,12 +208,12 @@ impl EventInbox {
     }
 
     fn adopt(&mut self, outcome: Outcome) {
-        if let Some(action) = self.inbox.on_discovery(outcome) {
-            self.act(action);
+        if let Some(subscribe) = self.inbox.on_discovery(outcome) {
+            self.subscribe(subscribe);
         }
     }
 
-    fn subscribe(&mut self, endpoints: Vec<String>) {
+    fn subscribe(&mut self, Subscribe { endpoints }: Subscribe) {
         match open_pull(&endpoints, self.client.curve()) {
             Ok(socket) => {
                 tracing::info!(base = %self.base, shards = endpoints.len(), "subscribed to EC readiness events");
@@ -217,14 +230,14 @@ impl Drop for EventInbox {
     }
 }
 
-/// Starts the discovery thread: one pass per start message, until the inbox drops its
+/// Starts the discovery thread: it runs each pass it is sent, until the inbox drops its
 /// end of either channel.
-fn spawn_discoverer(client: Arc<ControlClient>, base: String) -> std::io::Result<Discoverer> {
-    let (start, starts) = mpsc::channel::<()>();
+fn spawn_discoverer(client: Arc<ControlClient>) -> std::io::Result<Discoverer> {
+    let (start, starts) = mpsc::channel::<EndpointDiscovery>();
     let (report, outcomes) = mpsc::channel();
     std::thread::Builder::new().name("ec-inbox-discovery".into()).spawn(move || {
-        while starts.recv().is_ok() {
-            if report.send(discover(&client, &base)).is_err() {
+        while let Ok(pass) = starts.recv() {
+            if report.send(discover(&client, pass)).is_err() {
                 break;
             }
         }
@@ -232,10 +245,10 @@ fn spawn_discoverer(client: Arc<ControlClient>, base: String) -> std::io::Result
     Ok(Discoverer { start, outcomes, running: false })
 }
 
-/// One discovery pass, on the background thread: the core says what to ask next; the
-/// topology cache is locked only around its calls, never across a request.
-fn discover(client: &ControlClient, base: &str) -> Outcome {
-    let mut pass = client.with_topologies(|cache| EndpointDiscovery::new(base, cache));
+/// One discovery pass (on the background thread, or inside the drain under S5): the core
+/// says what to ask next; the topology cache is locked only around its calls, never
+/// across a request.
+fn discover(client: &ControlClient, mut pass: EndpointDiscovery) -> Outcome {
     let mut step = pass.step();
     loop {
         match step {

@@ -11,6 +11,7 @@ use crate::curve::{CurveError, CurveServer};
 use crate::serve_loop::{self, Bound};
 use crate::{lock, sockets};
 use ctlplane_core::ec::config::zmq_path;
+use ctlplane_core::ec::defaults::REP_RECV_TIMEOUT;
 use ctlplane_core::ec::{ConsumerShard, ShardConfig, ShardStats};
 use rand_core::{OsRng, RngCore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +44,7 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 16 << 20;
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
-            recv_timeout: Duration::from_millis(100),
+            recv_timeout: REP_RECV_TIMEOUT,
             start_timeout: Duration::from_secs(5),
             max_request_bytes: Some(DEFAULT_MAX_REQUEST_BYTES),
             curve: None,

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{raw_router, router_recv, router_send, spec, start_server};
+use ctlplane_core::ec::request_slot::SlotRegressions;
 use ctlplane_zmq::{ClientError, ControlClient, ReserveOutcome};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -32,6 +33,37 @@ fn a_stalled_server_times_the_request_out_and_the_next_one_uses_a_fresh_socket()
     assert_eq!(client.request(&addr, &json!({"op": "peers"})).unwrap(), json!(7));
     assert_eq!(client.request(&addr, &json!({"op": "peers"})).unwrap(), json!(8));
     server.join().unwrap();
+}
+
+/// EC S9 (docs/races.md): the timeout of the production client goes through the core's
+/// slot, so the regression switch reaches a real socket. Fixed, every request after a
+/// timeout goes out on a fresh socket; with the switch the timed-out socket is kept, and
+/// libzmq's strict REQ refuses the next send (EFSM) before anything reaches the server.
+#[test]
+fn the_s9_switch_keeps_the_timed_out_socket_of_the_production_client() {
+    let peers = json!({"op": "peers"});
+    for s9 in [false, true] {
+        let ctx = zmq::Context::new();
+        let (router, addr) = raw_router(&ctx);
+        let client = ControlClient::new(200).with_regressions(SlotRegressions { s9_reuse_after_timeout: s9 });
+        let err = client.request(&addr, &peers).unwrap_err();
+        assert!(matches!(err, ClientError::Timeout { timeout_ms: 200, .. }), "{err:?}");
+        let (stalled, _) = router_recv(&router); // never answered
+        let err = client.request(&addr, &peers).unwrap_err();
+        if s9 {
+            assert!(matches!(err, ClientError::Transport { source: zmq::Error::EFSM, .. }), "{err:?}");
+            router.set_rcvtimeo(300).unwrap();
+            assert!(router.recv_multipart(0).is_err(), "the refused send reached nobody");
+            router.set_rcvtimeo(5_000).unwrap();
+            // The transport error discarded the kept socket: the next request is fresh.
+            let err = client.request(&addr, &peers).unwrap_err();
+            assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
+        } else {
+            assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
+        }
+        let (fresh, _) = router_recv(&router);
+        assert_ne!(stalled, fresh, "a new socket after the timeout (s9: {s9})");
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{free_ports, next_events, raw_router, raw_socket, router_recv, router_send, spec, until_subscribed};
+use ctlplane_core::ec::inbox::InboxRegressions;
 use ctlplane_core::ec::readiness::{EventFate, Readiness, TransferState};
 use ctlplane_core::ec::PortPlan;
 use ctlplane_zmq::{Clock, ConsumerServers, ControlClient, EventInbox, ServerOptions};
@@ -210,4 +211,27 @@ fn a_failed_event_port_retries_the_whole_pass_with_peers_cached_in_the_client() 
     assert_eq!(order, [(0, peers), (0, ep.clone()), (1, ep.clone()), (0, ep.clone()), (1, ep)]);
     // The inbox confirmed the topology in the client's own cache: no request needed.
     assert_eq!(client.discover_shards(&base), Some(vec![base.clone(), shard1.clone()]));
+}
+
+/// EC S5 and S6 (docs/races.md) reach the production inbox: the core hands it the pass
+/// to run and where. Under S6 the pass asks the base for its `event_port` at once (no
+/// `peers`) and subscribes to one shard; under S5 the first drain runs that pass itself,
+/// so it returns subscribed.
+#[test]
+fn the_s5_and_s6_switches_reach_the_production_inbox() {
+    let ctx = zmq::Context::new();
+    let (router, base) = raw_router(&ctx);
+    let server = std::thread::spawn(move || {
+        let (id, body) = router_recv(&router);
+        assert_eq!(body, br#"{"op": "event_port"}"#, "S6 asks only the base, without peers");
+        router_send(&router, &id, br#"{"ok": true, "result": 20001}"#);
+    });
+    let client = Arc::new(ControlClient::new(CLIENT_TIMEOUT_MS));
+    let regressions = InboxRegressions { s5_inline_discovery: true, s6_base_shard_only: true };
+    let mut inbox = EventInbox::with_regressions(client, &base, regressions);
+    assert!(inbox.drain().events.is_empty());
+    assert!(inbox.is_subscribed(), "S5: the first drain ran the whole pass");
+    assert_eq!(inbox.endpoints(), ["tcp://127.0.0.1:20001".to_string()]);
+    assert_eq!(inbox.shard_count(), 1);
+    server.join().unwrap();
 }

@@ -1,10 +1,11 @@
 //! The scheduler's event inbox: subscribing to every shard's readiness events without
 //! ever blocking the scheduler, and decoding what arrives (ec-behaviour.md §6.1, races S5, S7, S22).
 //!
-//! Discovery needs blocking control requests, so the driver runs [`EndpointDiscovery`]
-//! somewhere else (a background thread in production, a task in the simulator) and
-//! reports the outcome; [`Inbox`] decides when to start it, when to adopt its result and
-//! when to retry.
+//! Discovery needs blocking control requests, so the driver runs the [`EndpointDiscovery`]
+//! pass the inbox hands it somewhere else (a background thread in production, a task in
+//! the simulator) and reports the outcome; [`Inbox`] decides when to start a pass, which
+//! pass, where it runs, when to adopt its result and when to retry. The driver carries out
+//! [`StartDiscovery`] and [`Subscribe`] as they come.
 
 use super::pyjson::{to_int, to_str, truthy, type_name};
 use super::topology::{with_port, TopologyCache};
@@ -50,7 +51,7 @@ impl EndpointDiscovery {
 
     /// A pass that asks only `base` for its event port, as the inbox did before it
     /// subscribed to every shard (EC S6).
-    pub fn base_only(base: &str) -> Self {
+    fn base_only(base: &str) -> Self {
         EndpointDiscovery {
             base: base.to_string(),
             shards: Some(vec![base.to_string()]),
@@ -107,13 +108,21 @@ impl EndpointDiscovery {
     }
 }
 
-/// What the inbox asks its driver to do.
+/// Run this discovery pass, then report its outcome with [`Inbox::on_discovery`].
+#[derive(Clone, Debug)]
+pub struct StartDiscovery {
+    /// What to ask, in order.
+    pub pass: EndpointDiscovery,
+    /// Run the pass to its end inside the drain that asked for it (the S5 regression), not
+    /// off the caller's thread.
+    pub inline: bool,
+}
+
+/// Create the PULL socket (IPV6 on) and connect it to every endpoint; report a failure
+/// with [`Inbox::on_subscribe_failed`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum InboxAction {
-    /// Run an [`EndpointDiscovery`] pass off the caller's thread.
-    StartDiscovery,
-    /// Create the PULL socket (IPV6 on) and connect it to every endpoint.
-    Subscribe(Vec<String>),
+pub struct Subscribe {
+    pub endpoints: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +138,7 @@ enum InboxState {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InboxRegressions {
     /// EC S5: discovery runs inline in the drain (inside the scheduler's `schedule()`):
-    /// [`Inbox::discovery_blocks_drain`] tells the driver to finish the pass before the
+    /// [`StartDiscovery::inline`] tells the driver to finish the pass before the
     /// drain returns, costing up to one control timeout per shard on every drain while
     /// the consumer is unreachable.
     pub s5_inline_discovery: bool,
@@ -158,42 +167,31 @@ impl Inbox {
         Inbox { state: InboxState::Unsubscribed, shard_count: 1, regressions }
     }
 
-    /// The discovery pass a [`InboxAction::StartDiscovery`] asks for: every shard, or
-    /// only `base` under the S6 regression.
-    pub fn discovery(&self, base: &str, cache: &TopologyCache) -> EndpointDiscovery {
-        if self.regressions.s6_base_shard_only {
-            EndpointDiscovery::base_only(base)
-        } else {
-            EndpointDiscovery::new(base, cache)
-        }
-    }
-
-    /// Whether the driver must run a requested discovery to its end inside the drain
-    /// that asked for it (the S5 regression) instead of off the caller's thread.
-    pub fn discovery_blocks_drain(&self) -> bool {
-        self.regressions.s5_inline_discovery
-    }
-
     /// The regression switches.
     pub fn regressions(&self) -> InboxRegressions {
         self.regressions
     }
 
-    /// A drain began. Never blocks: at most it asks for a background discovery, so the
-    /// first drain of a healthy consumer still returns nothing.
-    pub fn on_drain(&mut self) -> Option<InboxAction> {
-        match self.state {
-            InboxState::Unsubscribed => {
-                self.state = InboxState::Discovering;
-                Some(InboxAction::StartDiscovery)
-            }
-            _ => None,
+    /// A drain of the consumer at `base` began. Never blocks: at most it asks for a
+    /// background discovery pass over every shard (reusing a topology `cache` already
+    /// confirmed; only `base` under the S6 regression), so the first drain of a healthy
+    /// consumer still returns nothing.
+    pub fn on_drain(&mut self, base: &str, cache: &TopologyCache) -> Option<StartDiscovery> {
+        if self.state != InboxState::Unsubscribed {
+            return None;
         }
+        self.state = InboxState::Discovering;
+        let pass = if self.regressions.s6_base_shard_only {
+            EndpointDiscovery::base_only(base)
+        } else {
+            EndpointDiscovery::new(base, cache)
+        };
+        Some(StartDiscovery { pass, inline: self.regressions.s5_inline_discovery })
     }
 
     /// The background discovery finished (adopted on the draining thread, which alone
     /// touches the PULL socket). A failure or an empty topology retries on a later drain.
-    pub fn on_discovery(&mut self, outcome: Result<Vec<String>, String>) -> Option<InboxAction> {
+    pub fn on_discovery(&mut self, outcome: Result<Vec<String>, String>) -> Option<Subscribe> {
         if self.state != InboxState::Discovering {
             return None;
         }
@@ -204,7 +202,7 @@ impl Inbox {
                 }
                 self.state = InboxState::Subscribed;
                 self.shard_count = endpoints.len();
-                Some(InboxAction::Subscribe(endpoints))
+                Some(Subscribe { endpoints })
             }
             Ok(_) => {
                 self.state = InboxState::Unsubscribed;
@@ -219,7 +217,7 @@ impl Inbox {
     }
 
     /// The driver could not create or connect the PULL socket for a
-    /// [`InboxAction::Subscribe`]: a later drain discovers again (peers stay cached), as the
+    /// [`Subscribe`]: a later drain discovers again (peers stay cached), as the
     /// reference drops a failed install and resubmits discovery.
     pub fn on_subscribe_failed(&mut self, error: &str) {
         if self.state == InboxState::Subscribed {
@@ -315,6 +313,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A drain of `inbox`; whether it asked for a discovery pass.
+    fn starts(inbox: &mut Inbox) -> bool {
+        inbox.on_drain("tcp://h:1", &TopologyCache::default()).is_some()
+    }
+
     fn reply_for(step: &DiscoveryStep) -> (String, Vec<u8>) {
         match step {
             DiscoveryStep::Request { addr, frame } => (addr.clone(), frame.clone()),
@@ -371,38 +374,38 @@ mod tests {
     fn inbox_never_blocks_and_subscribes_once() {
         let mut inbox = Inbox::default();
         assert_eq!(inbox.shard_count(), 1);
-        assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery));
-        assert_eq!(inbox.on_drain(), None, "discovery in flight: the drain returns at once");
+        assert!(starts(&mut inbox));
+        assert!(!starts(&mut inbox), "discovery in flight: the drain returns at once");
         assert_eq!(inbox.on_discovery(Err("timeout".into())), None);
-        assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery), "retried after a failure");
+        assert!(starts(&mut inbox), "retried after a failure");
         let eps = vec!["tcp://h:1".to_string(), "tcp://h:2".to_string(), "tcp://h:3".to_string()];
-        assert_eq!(inbox.on_discovery(Ok(eps.clone())), Some(InboxAction::Subscribe(eps)));
+        assert_eq!(inbox.on_discovery(Ok(eps.clone())), Some(Subscribe { endpoints: eps }));
         assert_eq!(inbox.shard_count(), 3);
-        assert_eq!(inbox.on_drain(), None);
+        assert!(!starts(&mut inbox));
         assert!(inbox.is_subscribed());
     }
 
     #[test]
     fn a_failed_subscribe_is_retried_from_discovery() {
         let mut inbox = Inbox::default();
-        inbox.on_drain();
+        assert!(starts(&mut inbox));
         let eps = vec!["tcp://h:1".to_string(), "tcp://h:2".to_string()];
-        assert_eq!(inbox.on_discovery(Ok(eps.clone())), Some(InboxAction::Subscribe(eps)));
+        assert_eq!(inbox.on_discovery(Ok(eps.clone())), Some(Subscribe { endpoints: eps }));
         inbox.on_subscribe_failed("Too many open files");
         assert_eq!((inbox.is_subscribed(), inbox.shard_count()), (false, 1));
-        assert_eq!(inbox.on_drain(), Some(InboxAction::StartDiscovery));
+        assert!(starts(&mut inbox));
         inbox.close();
         inbox.on_subscribe_failed("late");
-        assert_eq!(inbox.on_drain(), None, "a closed inbox stays closed");
+        assert!(!starts(&mut inbox), "a closed inbox stays closed");
     }
 
     #[test]
     fn closing_abandons_a_running_discovery() {
         let mut inbox = Inbox::default();
-        inbox.on_drain();
+        assert!(starts(&mut inbox));
         inbox.close();
         assert_eq!(inbox.on_discovery(Ok(vec!["tcp://h:1".into()])), None);
-        assert_eq!(inbox.on_drain(), None);
+        assert!(!starts(&mut inbox));
     }
 
     #[test]

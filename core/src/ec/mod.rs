@@ -7,6 +7,7 @@
 pub mod callbacks;
 pub mod config;
 pub mod dataplane;
+pub mod defaults;
 pub mod dtype;
 pub mod dumps;
 mod event_queue;

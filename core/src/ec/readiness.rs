@@ -4,20 +4,17 @@
 //! An item is loadable only once every distinct shard has announced it: each TP rank
 //! holds its own copy, so one rank's event says nothing about the others.
 
+use super::defaults::{PUSH_WAIT_TIMEOUT, RECORD_TTL};
 use super::inbox::ReadyEvent;
 use crate::time::Instant;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
 
-/// `push_wait_timeout_s`: how long a request waits for an item's events (and its load).
-pub const PUSH_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Scheduler `_MAX_PENDING_EVENTS`: partially-ready transfers remembered (LRU).
 pub const MAX_PARTIAL: usize = 4096;
 /// `_MAX_TERMINAL_TRANSFER_RECORDS`.
 pub const MAX_TERMINAL: usize = 65536;
-/// AVAILABLE lifetime and terminal-record lifetime (`_RESERVATION_TTL_SECONDS`).
-pub const RECORD_TTL: Duration = Duration::from_secs(300);
 
 /// Tunables of [`Readiness`].
 #[derive(Clone, Debug)]

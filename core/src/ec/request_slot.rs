@@ -1,9 +1,16 @@
-//! The REQ lockstep rule of a control client (ec-behaviour.md §5, race S9).
+//! The REQ lockstep rule of a control client (ec-behaviour.md §5, race S9), and what an
+//! exchange's ending means.
 //!
-//! A REQ socket that sent and did not receive cannot send again. So after a timeout or
-//! any error the socket is discarded and the next request opens a fresh one; a late reply
-//! addressed to the discarded socket belongs to an older generation and is ignored.
+//! A REQ socket that sent and did not receive cannot send again. So after a timeout, a
+//! transport error or an undecodable reply the socket is discarded and the next request
+//! opens a fresh one; a late reply addressed to the discarded socket belongs to an older
+//! generation and is ignored. A reply that completes the round trip (an error reply, or
+//! JSON that is not an object, which the reference refuses after its receive) leaves the
+//! socket in lockstep, so it stays. Drivers report how an exchange ended
+//! ([`RequestSlot::finish`]) and carry out the [`Outcome`]: they never classify a
+//! failure themselves.
 
+use super::wire::WireError;
 use crate::time::Instant;
 use std::time::Duration;
 use thiserror::Error;
@@ -19,20 +26,58 @@ pub struct Begin {
     pub deadline: Instant,
 }
 
-/// The driver must close the socket of this generation with linger 0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Discard {
-    pub generation: u64,
-}
-
-/// A request was started while the previous one still waits for its reply.
+/// A request was started while the previous one still waits for its reply. The slot is
+/// left as it was: the outstanding exchange still owns the socket.
 #[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
 #[error("REQ socket is still waiting for the reply to its previous request")]
 pub struct Busy;
 
+/// How an exchange ended, as the driver's transport saw it.
+#[derive(Debug)]
+pub enum Ending<'a, E> {
+    /// The reply: exactly one frame.
+    Reply(&'a [u8]),
+    /// A reply of this many frames (not one), read whole and not decoded.
+    MultiPart(usize),
+    /// The deadline of [`Begin`] passed without a reply (libzmq's EAGAIN on RCVTIMEO or
+    /// SNDTIMEO, the simulator's timer).
+    TimedOut,
+    /// Opening, sending or receiving failed otherwise.
+    Transport(E),
+}
+
+/// Why a request failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Failure<E> {
+    /// `ok` was falsy: the server's text (`EC control request failed` when it sent none).
+    Remote(String),
+    /// The reply was JSON but not an object (the reference's `assert isinstance(response,
+    /// dict)` after its receive); its Python type name.
+    NotAnObject(&'static str),
+    /// The reply was not one frame of UTF-8 JSON; what was wrong with it.
+    Malformed(String),
+    /// No reply before the deadline.
+    TimedOut,
+    /// The transport refused the exchange.
+    Transport(E),
+    /// A reply for a discarded socket or a request nobody waits for: dropped unread.
+    Stale,
+}
+
+/// What became of an exchange: its result, and what the driver does with the socket.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Outcome<T, E> {
+    /// Close the socket of the exchange's generation (linger 0) and forget it; the next
+    /// request opens a fresh one. `false`: keep it for the next request.
+    pub discard_socket: bool,
+    /// The decoded `result`, or why the request failed.
+    pub result: Result<T, Failure<E>>,
+}
+
 /// What to make of a reply frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplyFate {
+enum ReplyFate {
     /// The reply to the outstanding request.
     Accept,
     /// A reply for a discarded socket or a request nobody waits for: drop it.
@@ -91,42 +136,79 @@ impl RequestSlot {
         Ok(Begin { generation: self.generation, open, deadline })
     }
 
-    /// A reply arrived on the socket of `generation`.
-    pub fn handle_reply(&mut self, generation: u64) -> ReplyFate {
-        match self.state {
-            SlotState::Waiting { .. } if generation == self.generation => {
-                self.state = SlotState::Idle;
-                ReplyFate::Accept
-            }
-            _ => ReplyFate::Ignore,
-        }
-    }
-
-    /// The exchange failed (send error, receive error, undecodable reply): the socket
-    /// is stuck in lockstep or suspect, so it goes.
-    pub fn handle_failure(&mut self) -> Option<Discard> {
-        match self.state {
-            SlotState::NoSocket => None,
-            _ => {
-                self.state = SlotState::NoSocket;
-                Some(Discard { generation: self.generation })
-            }
-        }
-    }
-
-    /// The clock reached `poll_timeout`: an overdue request fails and its socket goes
-    /// (under the S9 regression the socket stays and the next request reuses it).
-    pub fn handle_timeout(&mut self, now: Instant) -> Option<Discard> {
-        match self.state {
-            SlotState::Waiting { deadline } if now >= deadline => {
-                if self.regressions.s9_reuse_after_timeout {
-                    self.state = SlotState::Idle;
-                    return None;
+    /// The exchange of `generation` (from [`Self::begin`]) ended: what its result is and
+    /// whether its socket goes. `decode` reads a reply frame into `Ok(result)` or
+    /// `Err(the server's text)`.
+    ///
+    /// | ending | result | socket |
+    /// |---|---|---|
+    /// | `ok: true` reply | `Ok(result)` | kept |
+    /// | `ok: false` reply | [`Failure::Remote`] | kept |
+    /// | JSON that is not an object | [`Failure::NotAnObject`] | kept: the round trip completed |
+    /// | not UTF-8 JSON, or not one frame | [`Failure::Malformed`] | discarded |
+    /// | timeout | [`Failure::TimedOut`] | discarded (kept under the S9 regression) |
+    /// | transport error | [`Failure::Transport`] | discarded |
+    /// | reply nobody waits for | [`Failure::Stale`] | untouched |
+    pub fn finish<T, E>(
+        &mut self,
+        generation: u64,
+        ending: Ending<'_, E>,
+        decode: impl FnOnce(&[u8]) -> Result<Result<T, String>, WireError>,
+    ) -> Outcome<T, E> {
+        match ending {
+            Ending::Reply(frame) => {
+                if self.handle_reply(generation) == ReplyFate::Ignore {
+                    return Outcome { discard_socket: false, result: Err(Failure::Stale) };
                 }
-                self.handle_failure()
+                match decode(frame) {
+                    Ok(Ok(result)) => Outcome { discard_socket: false, result: Ok(result) },
+                    Ok(Err(text)) => Outcome { discard_socket: false, result: Err(Failure::Remote(text)) },
+                    Err(WireError::NotAnObject(name)) => {
+                        Outcome { discard_socket: false, result: Err(Failure::NotAnObject(name)) }
+                    }
+                    Err(e) => self.discard(generation, Failure::Malformed(e.to_string())),
+                }
             }
-            _ => None,
+            Ending::MultiPart(frames) => {
+                if self.handle_reply(generation) == ReplyFate::Ignore {
+                    return Outcome { discard_socket: false, result: Err(Failure::Stale) };
+                }
+                self.discard(generation, Failure::Malformed(format!("{frames} frames")))
+            }
+            Ending::TimedOut => {
+                if self.regressions.s9_reuse_after_timeout && self.is_outstanding(generation) {
+                    self.state = SlotState::Idle;
+                    return Outcome { discard_socket: false, result: Err(Failure::TimedOut) };
+                }
+                self.discard(generation, Failure::TimedOut)
+            }
+            Ending::Transport(e) => self.discard(generation, Failure::Transport(e)),
         }
+    }
+
+    /// `generation`'s request is the one waiting for its reply.
+    fn is_outstanding(&self, generation: u64) -> bool {
+        matches!(self.state, SlotState::Waiting { .. }) && generation == self.generation
+    }
+
+    /// A reply arrived on the socket of `generation`.
+    fn handle_reply(&mut self, generation: u64) -> ReplyFate {
+        if self.is_outstanding(generation) {
+            self.state = SlotState::Idle;
+            ReplyFate::Accept
+        } else {
+            ReplyFate::Ignore
+        }
+    }
+
+    /// The exchange of `generation` failed: its socket is stuck in lockstep or suspect.
+    /// If it is the current socket the slot forgets it; an older one is already gone.
+    fn discard<T, E>(&mut self, generation: u64, failure: Failure<E>) -> Outcome<T, E> {
+        let current = generation == self.generation && self.state != SlotState::NoSocket;
+        if current {
+            self.state = SlotState::NoSocket;
+        }
+        Outcome { discard_socket: current, result: Err(failure) }
     }
 
     /// When the outstanding request times out.
@@ -164,47 +246,128 @@ pub fn timeout_ms(seconds: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ec::wire::decode_reply;
+    use serde_json::{json, Value};
 
     const T: Duration = Duration::from_secs(30);
+
+    /// A transport error as a driver would carry it.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Refused;
+
+    fn waiting(regressions: SlotRegressions) -> (RequestSlot, Begin) {
+        let mut slot = RequestSlot::with_regressions(T, regressions);
+        let begin = slot.begin(Instant::ZERO).unwrap();
+        (slot, begin)
+    }
+
+    fn end(slot: &mut RequestSlot, generation: u64, ending: Ending<'_, Refused>) -> Outcome<Value, Refused> {
+        slot.finish(generation, ending, decode_reply)
+    }
+
+    /// After `outcome`, whether the next request reuses the socket (`open: false`).
+    fn next_reuses(slot: &mut RequestSlot) -> bool {
+        !slot.begin(Instant::from_secs(31)).unwrap().open
+    }
+
+    #[test]
+    fn an_ok_reply_is_the_result_and_keeps_the_socket() {
+        let (mut slot, b) = waiting(SlotRegressions::default());
+        let o = end(&mut slot, b.generation, Ending::Reply(br#"{"ok": true, "result": 7}"#));
+        assert_eq!(o, Outcome { discard_socket: false, result: Ok(json!(7)) });
+        assert!(next_reuses(&mut slot));
+    }
+
+    #[test]
+    fn an_error_reply_is_the_server_text_and_keeps_the_socket() {
+        let (mut slot, b) = waiting(SlotRegressions::default());
+        let o = end(&mut slot, b.generation, Ending::Reply(br#"{"ok": false, "error": "boom"}"#));
+        assert_eq!(o, Outcome { discard_socket: false, result: Err(Failure::Remote("boom".into())) });
+        let b = slot.begin(Instant::from_secs(1)).unwrap();
+        assert!(!b.open);
+        let o = end(&mut slot, b.generation, Ending::Reply(br#"{"ok": false}"#));
+        assert_eq!(o.result, Err(Failure::Remote("EC control request failed".into())));
+    }
+
+    #[test]
+    fn a_non_object_reply_completed_the_round_trip_so_the_socket_stays() {
+        let (mut slot, b) = waiting(SlotRegressions::default());
+        let o = end(&mut slot, b.generation, Ending::Reply(b"[1, 2]"));
+        assert_eq!(o, Outcome { discard_socket: false, result: Err(Failure::NotAnObject("list")) });
+        assert!(next_reuses(&mut slot));
+    }
+
+    #[test]
+    fn garbage_discards_the_socket() {
+        for ending in [Ending::Reply(b"{not json".as_slice()), Ending::Reply(b""), Ending::MultiPart(2)] {
+            let (mut slot, b) = waiting(SlotRegressions::default());
+            let o = end(&mut slot, b.generation, ending);
+            assert!(o.discard_socket);
+            assert!(matches!(o.result, Err(Failure::Malformed(_))), "{o:?}");
+            assert!(!next_reuses(&mut slot));
+        }
+    }
+
+    #[test]
+    fn a_timeout_discards_the_socket_unless_s9_is_restored() {
+        let (mut slot, b) = waiting(SlotRegressions::default());
+        let o = end(&mut slot, b.generation, Ending::TimedOut);
+        assert_eq!(o, Outcome { discard_socket: true, result: Err(Failure::TimedOut) });
+        assert!(!next_reuses(&mut slot));
+
+        let (mut old, b) = waiting(SlotRegressions { s9_reuse_after_timeout: true });
+        let o = end(&mut old, b.generation, Ending::TimedOut);
+        assert_eq!(o, Outcome { discard_socket: false, result: Err(Failure::TimedOut) });
+        assert!(next_reuses(&mut old), "S9: the next request goes out on the timed-out socket");
+    }
+
+    #[test]
+    fn a_transport_error_discards_the_socket_even_under_s9() {
+        for regressions in [SlotRegressions::default(), SlotRegressions { s9_reuse_after_timeout: true }] {
+            let (mut slot, b) = waiting(regressions);
+            let o = end(&mut slot, b.generation, Ending::Transport(Refused));
+            assert_eq!(o, Outcome { discard_socket: true, result: Err(Failure::Transport(Refused)) });
+            assert!(!next_reuses(&mut slot));
+        }
+    }
 
     #[test]
     fn first_request_opens_a_socket_and_later_ones_reuse_it() {
         let mut slot = RequestSlot::new(T);
         let b = slot.begin(Instant::ZERO).unwrap();
         assert_eq!((b.generation, b.open, b.deadline), (1, true, Instant::from_secs(30)));
-        assert_eq!(slot.handle_reply(1), ReplyFate::Accept);
+        assert!(end(&mut slot, 1, Ending::Reply(br#"{"ok": true, "result": null}"#)).result.is_ok());
         let b = slot.begin(Instant::from_secs(1)).unwrap();
         assert_eq!((b.generation, b.open), (1, false));
     }
 
     #[test]
-    fn a_second_send_before_the_reply_is_refused() {
+    fn a_second_send_before_the_reply_is_refused_and_changes_nothing() {
         let mut slot = RequestSlot::new(T);
         slot.begin(Instant::ZERO).unwrap();
         assert_eq!(slot.begin(Instant::ZERO), Err(Busy));
+        assert_eq!(slot.poll_timeout(), Some(Instant::from_secs(30)));
     }
 
     #[test]
-    fn timeout_discards_the_socket_and_the_late_reply_is_ignored() {
+    fn a_late_reply_of_a_discarded_socket_is_stale() {
+        const OK: &[u8] = br#"{"ok": true, "result": 1}"#;
         let mut slot = RequestSlot::new(T);
         slot.begin(Instant::ZERO).unwrap();
-        assert_eq!(slot.handle_timeout(Instant::from_secs(29)), None);
-        assert_eq!(slot.handle_timeout(Instant::from_secs(30)), Some(Discard { generation: 1 }));
+        assert!(end(&mut slot, 1, Ending::TimedOut).discard_socket);
         let b = slot.begin(Instant::from_secs(31)).unwrap();
         assert_eq!((b.generation, b.open), (2, true));
-        assert_eq!(slot.handle_reply(1), ReplyFate::Ignore, "late reply of the discarded socket");
+        let late = end(&mut slot, 1, Ending::Reply(OK));
+        assert_eq!(late, Outcome { discard_socket: false, result: Err(Failure::Stale) });
         assert!(slot.is_waiting());
-        assert_eq!(slot.handle_reply(2), ReplyFate::Accept);
-        assert_eq!(slot.handle_reply(2), ReplyFate::Ignore, "nothing outstanding");
+        assert_eq!(end(&mut slot, 2, Ending::Reply(OK)).result, Ok(json!(1)));
+        assert_eq!(end(&mut slot, 2, Ending::Reply(OK)).result, Err(Failure::Stale), "nothing outstanding");
+        assert!(!end(&mut slot, 1, Ending::Transport(Refused)).discard_socket, "generation 1 is gone already");
+        assert!(slot.begin(Instant::from_secs(32)).is_ok_and(|b| !b.open));
     }
 
     #[test]
-    fn failure_discards_and_timeout_ms_rounds_up() {
-        let mut slot = RequestSlot::new(T);
-        assert_eq!(slot.handle_failure(), None);
-        slot.begin(Instant::ZERO).unwrap();
-        assert_eq!(slot.handle_failure(), Some(Discard { generation: 1 }));
-        assert_eq!(slot.poll_timeout(), None);
+    fn timeout_ms_rounds_up() {
         assert_eq!(timeout_ms(30.0), 30000);
         assert_eq!(timeout_ms(0.0004), 1);
         assert_eq!(timeout_ms(0.4), 400);

@@ -5,6 +5,7 @@
 //! remote writer may still write is released only by that writer's completion or by the
 //! producer's abandon — never by a timeout and never by a plain cancel.
 
+use super::defaults::RESERVATION_TTL;
 use super::dtype::DType;
 use super::ids::{fingerprint_str, MmHash, ReservationId, TransferId};
 use super::keyed_hash::KeyedHash;
@@ -21,8 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
-/// `_RESERVATION_TTL_SECONDS`: WRITING/READY lease and tombstone lifetime.
-pub const RESERVATION_TTL: Duration = Duration::from_secs(300);
 /// `_MAX_CANCELLED_TRANSFER_IDS`: tombstones kept at most.
 pub const TOMBSTONE_LIMIT: usize = 65536;
 /// Evicted hashes remembered for the scheduler until drained (oldest dropped beyond).

@@ -7,6 +7,7 @@
 //! handshake over one connection, [`manager`] the
 //! admission of a newly accepted peer.
 
+pub mod defaults;
 pub mod manager;
 pub mod messages;
 pub mod options;

@@ -16,8 +16,6 @@ use thiserror::Error;
 
 /// `_MAX_CONSECUTIVE_DISPATCH_ERRORS`.
 pub const MAX_CONSECUTIVE_DISPATCH_ERRORS: u32 = 5;
-/// `VLLM_P2P_HANDSHAKE_TIMEOUT_S` of the W1+ lineage (off unless configured).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What this side announces in its Connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -325,6 +323,7 @@ impl HandshakeSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::p2p::defaults::HANDSHAKE_TIMEOUT;
 
     fn config(id: &str) -> SessionConfig {
         SessionConfig {

@@ -1,6 +1,8 @@
 //! A control client over the ZeroMQ model: one REQ socket per address, under the core's
-//! [`RequestSlot`] lockstep rule (a socket whose exchange failed or timed out is discarded
-//! and the next request opens a fresh one; a late reply to it is lost with it).
+//! [`RequestSlot`] lockstep rule. The client reports how each exchange ended (a reply, a
+//! timeout, a transport error) and carries out the core's [`Outcome`]: the result, and
+//! whether the socket is discarded so that the next request opens a fresh one (a late
+//! reply to a discarded socket is lost with it).
 //!
 //! Endpoints are logical (`tcp://consumer0:19001`); the client resolves them to the rank
 //! host serving them when it opens a socket. A fault may make the host send a malformed
@@ -11,16 +13,13 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ctlplane_core::ec::request_slot::{ReplyFate, RequestSlot, SlotRegressions};
+use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, RequestSlot, SlotRegressions};
 use ctlplane_core::ec::wire;
 use serde_json::Value;
 
 use super::world;
 use crate::clock;
 use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
-
-/// `control_timeout_s` default.
-pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Conn {
     slot: RequestSlot,
@@ -83,47 +82,32 @@ impl ControlClient {
                 crate::trace::record(&self.host, "ec.malformed_sent", &[("to", &addr), ("len", &garbage.len())]);
             })
             .unwrap_or(frame);
-        let outcome = tokio::select! {
+        let received = tokio::select! {
             biased;
             r = exchange(&socket, frame) => Some(r),
             _ = clock::sleep_until(begin.deadline) => None,
         };
+        let ending = match &received {
+            Some(Ok(reply)) => match reply.as_slice() {
+                [frame] => Ending::Reply(frame),
+                frames => Ending::MultiPart(frames.len()),
+            },
+            Some(Err(e)) => Ending::Transport(e.to_string()),
+            None => Ending::TimedOut,
+        };
         let mut conns = self.conns.borrow_mut();
         let Some(conn) = conns.get_mut(addr) else { return Err(ZmqError::Closed.to_string()) };
-        match outcome {
-            Some(Ok(reply)) => {
-                if conn.slot.handle_reply(begin.generation) != ReplyFate::Accept {
-                    return Err("reply for a discarded request".to_string());
-                }
-                match reply.as_slice() {
-                    [frame] => match wire::decode_reply(frame) {
-                        Ok(result) => result,
-                        Err(e) => {
-                            // Undecodable reply: the socket is suspect and goes.
-                            conn.slot.handle_failure();
-                            conn.socket = None;
-                            Err(format!("malformed control reply from {addr}: {e}"))
-                        }
-                    },
-                    _ => {
-                        conn.slot.handle_failure();
-                        conn.socket = None;
-                        Err(format!("malformed control reply from {addr}: {} frames", reply.len()))
-                    }
-                }
-            }
-            Some(Err(e)) => {
-                conn.slot.handle_failure();
-                conn.socket = None;
-                Err(e.to_string())
-            }
-            None => {
-                if conn.slot.handle_timeout(clock::now()).is_some() {
-                    conn.socket = None;
-                }
-                Err(ZmqError::Again.to_string())
-            }
+        let Outcome { discard_socket, result } = conn.slot.finish(begin.generation, ending, wire::decode_reply);
+        if discard_socket {
+            conn.socket = None;
         }
+        result.map_err(|failure| match failure {
+            Failure::Remote(text) | Failure::Transport(text) => text,
+            Failure::NotAnObject(name) => format!("control reply from {addr} is a '{name}', not a JSON object"),
+            Failure::Malformed(detail) => format!("malformed control reply from {addr}: {detail}"),
+            Failure::TimedOut => ZmqError::Again.to_string(),
+            Failure::Stale => "reply for a discarded request".to_string(),
+        })
     }
 }
 

@@ -9,6 +9,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use ctlplane_core::ec::defaults::REP_RECV_TIMEOUT;
 use ctlplane_core::ec::inbox::decode_event;
 use ctlplane_core::ec::{ConsumerShard, ShardConfig};
 
@@ -18,7 +19,7 @@ use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
 
 /// The REP receive timeout of the reference loop: with events stuck behind a full PUSH,
 /// the loop looks again this often.
-pub const TICK: Duration = Duration::from_millis(100);
+pub const TICK: Duration = REP_RECV_TIMEOUT;
 /// Mooncake RPC port of a rank's first incarnation; each restart registers its slab
 /// under the next one, so a writer holding an old `dst_session` reaches nothing.
 const RPC_PORT: u16 = 15000;

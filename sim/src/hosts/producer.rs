@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, ItemRef, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit,
 };
@@ -28,7 +29,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::client::{ControlClient, CONTROL_TIMEOUT};
+use super::client::ControlClient;
 use super::workload::Request;
 use super::world::{self, Pushed};
 use crate::clock;

@@ -9,7 +9,8 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
-use ctlplane_core::ec::inbox::{decode_event, DiscoveryStep, EndpointDiscovery, Inbox, InboxAction};
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
+use ctlplane_core::ec::inbox::{decode_event, DiscoveryStep, EndpointDiscovery, Inbox, Subscribe};
 use ctlplane_core::ec::producer::CANCEL_ATTEMPTS;
 use ctlplane_core::ec::readiness::{Notice, Readiness, ReadinessConfig};
 use ctlplane_core::ec::requests;
@@ -17,7 +18,7 @@ use ctlplane_core::ec::topology::{peers_request, TopologyCache, DISCOVERY_ATTEMP
 use ctlplane_core::time::Instant;
 use tokio::sync::{mpsc, Notify};
 
-use super::client::{ControlClient, CONTROL_TIMEOUT};
+use super::client::ControlClient;
 use super::world::{self, ItemFate};
 use crate::clock;
 use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
@@ -99,9 +100,10 @@ pub async fn run(host: String) -> turmoil::Result {
         }
         // Drain: subscribe if needed (never blocking), then read what arrived.
         for (i, c) in consumers.iter_mut().enumerate() {
-            if let Some(InboxAction::StartDiscovery) = c.inbox.on_drain() {
-                let pass = c.inbox.discovery(&c.base, &topology.borrow());
-                if c.inbox.discovery_blocks_drain() {
+            let start = c.inbox.on_drain(&c.base, &topology.borrow());
+            if let Some(start) = start {
+                let pass = start.pass;
+                if start.inline {
                     // The drain waits for the whole pass (race S5); the stall is traced.
                     let began = clock::now();
                     let outcome = discover(&discovery, pass, &topology).await;
@@ -147,7 +149,7 @@ pub async fn run(host: String) -> turmoil::Result {
             match m {
                 Msg::Discovered(i, outcome) => {
                     let Some(c) = consumers.get_mut(i) else { continue };
-                    if let Some(InboxAction::Subscribe(endpoints)) = c.inbox.on_discovery(outcome) {
+                    if let Some(Subscribe { endpoints }) = c.inbox.on_discovery(outcome) {
                         match subscribe(&ctx, &endpoints) {
                             Ok(pull) => {
                                 crate::trace::record(

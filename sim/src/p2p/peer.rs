@@ -12,11 +12,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
+use ctlplane_core::p2p::defaults::{HANDSHAKE_TIMEOUT, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
 use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
 use ctlplane_core::p2p::messages::Message;
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::Direction;
-use ctlplane_core::p2p::session::{DeathReason, HandshakeSession, SessionConfig, SessionEvent, HANDSHAKE_TIMEOUT};
+use ctlplane_core::p2p::session::{DeathReason, HandshakeSession, SessionConfig, SessionEvent};
 use ctlplane_core::p2p::{
     value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
 };
@@ -26,15 +27,13 @@ use rand_chacha::ChaCha8Rng;
 
 use super::ledger;
 use crate::clock;
-use crate::faults::{self, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, POLL_INTERVAL};
+use crate::faults::{self, POLL_INTERVAL};
 use crate::oracle;
 use crate::trace;
 use crate::zmq::{monitor, Context, Socket, SocketOptions, SocketType, ZmqError};
 
 /// `VLLM_P2P_SIDE_CHANNEL_PORT`: every peer's ROUTER port.
 pub const PORT: u16 = 5710;
-/// `ZMQ_HEARTBEAT_TTL` of every P2P socket.
-pub const HEARTBEAT_TTL: Duration = Duration::from_millis(10_000);
 /// Requests a session may have unanswered before the peer stops sending it more.
 const MAX_OUTSTANDING: usize = 32;
 /// libzmq's default `ZMQ_MAX_SOCKETS` per context: creating one more socket fails with

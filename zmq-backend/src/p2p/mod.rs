@@ -13,6 +13,7 @@ mod transport;
 pub use transport::{P2pError, ZmqTransport};
 
 use crate::curve::CurveClient;
+use ctlplane_core::p2p::defaults::{HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
 use ctlplane_core::p2p::{PeerCheck, T0Switches};
 use std::time::Duration;
@@ -47,9 +48,9 @@ pub struct TransportOptions {
 impl Default for TransportOptions {
     fn default() -> Self {
         TransportOptions {
-            heartbeat_ivl: Duration::from_millis(2_000),
-            heartbeat_timeout: Duration::from_millis(10_000),
-            heartbeat_ttl: Duration::from_millis(10_000),
+            heartbeat_ivl: HEARTBEAT_IVL,
+            heartbeat_timeout: HEARTBEAT_TIMEOUT,
+            heartbeat_ttl: HEARTBEAT_TTL,
             max_message_bytes: None,
             max_peers: None,
             peer_check: PeerCheck::default(),

@@ -2,6 +2,7 @@
 
 use crate::security::ClientCurve;
 use clap::{Args, Subcommand};
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT_MS;
 use ctlplane_core::ec::DType;
 use ctlplane_zmq::requests::{self, ReserveSpec};
 use ctlplane_zmq::{ClientError, ControlClient};
@@ -23,7 +24,7 @@ struct Target {
     #[arg(long)]
     addr: String,
     /// Reply timeout (`control_timeout_ms`).
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = CONTROL_TIMEOUT_MS)]
     timeout_ms: u64,
     /// Discover the consumer's shards from --addr and send to every one of them.
     #[arg(long)]

@@ -8,6 +8,7 @@
 use crate::security::ClientCurve;
 use clap::Args;
 use ctlplane_core::ec::dataplane::{DataPlane, DataPlaneError};
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT_MS;
 use ctlplane_core::ec::inbox::ReadyEvent;
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, Token, Transmit,
@@ -56,7 +57,7 @@ pub struct PushArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
     /// Reply timeout of every control request (`control_timeout_ms`).
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = CONTROL_TIMEOUT_MS)]
     timeout_ms: u64,
     /// Batches in flight at once; also the worker threads that carry control requests.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]

@@ -2,6 +2,7 @@
 
 use crate::security::ClientCurve;
 use clap::Args;
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT_MS;
 use ctlplane_zmq::{ControlClient, EventInbox};
 use std::error::Error;
 use std::io::{ErrorKind, Write};
@@ -16,7 +17,7 @@ pub struct WatchArgs {
     #[arg(long)]
     addr: String,
     /// Reply timeout of the discovery requests (`control_timeout_ms`).
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = CONTROL_TIMEOUT_MS)]
     timeout_ms: u64,
     /// Exit after printing this many events.
     #[arg(long)]
