@@ -92,6 +92,9 @@ class ConsumerShardServer:
         """What the ``status`` op answers."""
     def take(self, transfer_id: str, mm_hash: str) -> tuple[int, int] | None:
         """``(offset, nbytes)`` of a READY tensor in the pool, or None."""
+    def drain_ready(self) -> list[str]:
+        """Transfer ids turned READY since the last call (writers and their followers),
+        in the order their readiness events went out."""
     def retire(self, mm_hash: str) -> None:
         """The encoder cache dropped ``mm_hash``: its region may be reused."""
     def stats(self) -> dict[str, int]:

@@ -120,6 +120,12 @@ impl ConsumerShardServer {
         Ok(taken.ok().map(|t| (t.view.region.offset, t.view.nbytes)))
     }
 
+    /// Every transfer id that turned READY since the last call (completed writers and the
+    /// followers they published), in the order their readiness events went out.
+    fn drain_ready(&self) -> PyResult<Vec<String>> {
+        self.with_shard(|shard| shard.drain_ready())
+    }
+
     /// The encoder cache dropped `mm_hash`: its region may be reused.
     fn retire(&self, mm_hash: &str) -> PyResult<()> {
         self.with_shard(|shard| shard.retire(mm_hash))
@@ -136,6 +142,7 @@ impl ConsumerShardServer {
         dict.set_item("events_sent", stats.events_sent)?;
         dict.set_item("events_dropped", stats.events_dropped)?;
         dict.set_item("reaps", stats.reaps)?;
+        dict.set_item("ready_log_dropped", stats.ready_log_dropped)?;
         let (active, tombstones) = self.with_shard(|shard| (shard.book().len(), shard.book().tombstone_count()))?;
         dict.set_item("records", active)?;
         dict.set_item("tombstones", tombstones)?;

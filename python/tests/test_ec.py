@@ -105,6 +105,20 @@ def test_every_op_against_the_native_book(shard, client):
     assert stats["requests"] >= 10 and stats["error_replies"] >= 0
 
 
+def test_drain_ready_hands_the_engine_every_ready_transfer_once(shard, client):
+    addr = addr_of(shard)
+    assert shard.drain_ready() == []
+    writer = client.request(addr, reserve_req(10))
+    follower = client.request(addr, {**reserve_req(11), "mm_hash": mm(10)})
+    assert writer["write"] is True and follower["write"] is False
+    assert shard.drain_ready() == []  # nothing is READY before the writer completes
+    client.request(addr, {"op": "complete", "transfer_id": tid(10), "reservation_id": writer["reservation_id"]})
+    # The follower's event goes out before its writer's, and drain_ready keeps that order.
+    assert shard.drain_ready() == [tid(11), tid(10)]
+    assert shard.drain_ready() == []
+    assert shard.stats()["ready_log_dropped"] == 0
+
+
 def test_server_errors_are_runtime_errors(shard, client):
     addr = addr_of(shard)
     with pytest.raises(RuntimeError, match="unknown control op"):

@@ -18,6 +18,7 @@ use super::wire::{
 use crate::time::Instant;
 use rand_core::RngCore;
 use serde_json::Value;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// `_MAX_PENDING_EVENTS`: readiness events kept for a PULL peer that is not draining.
@@ -116,6 +117,9 @@ pub struct ShardStats {
     pub events_dropped: u64,
     /// Periodic reaps run.
     pub reaps: u64,
+    /// READY transfer ids the engine never drained, dropped oldest first past
+    /// [`READY_LOG_LIMIT`].
+    pub ready_log_dropped: u64,
 }
 
 /// The server logic of one consumer rank.
@@ -130,7 +134,14 @@ pub struct ConsumerShard<R> {
     last_reap: Instant,
     stats: ShardStats,
     halted: Option<Halt>,
+    /// Transfer ids turned READY (writers and followers) not yet handed to the engine by
+    /// [`ConsumerShard::drain_ready`]; the newest [`READY_LOG_LIMIT`] at most, so an
+    /// engine that never asks costs a bounded amount.
+    ready_log: VecDeque<String>,
 }
+
+/// How many READY transfer ids the shard keeps for [`ConsumerShard::drain_ready`].
+pub const READY_LOG_LIMIT: usize = 65_536;
 
 impl<R: RngCore> ConsumerShard<R> {
     /// A shard whose reap clock starts at `now`; `rng` mints reservation ids.
@@ -147,6 +158,7 @@ impl<R: RngCore> ConsumerShard<R> {
             last_reap: now,
             stats: ShardStats::default(),
             halted: None,
+            ready_log: VecDeque::new(),
         }
     }
 
@@ -366,6 +378,11 @@ impl<R: RngCore> ConsumerShard<R> {
     /// when the backlog is full.
     fn queue_ready(&mut self, transfer_id: &str) {
         let Some(status) = self.book.status_view(&TransferId::new(transfer_id)) else { return };
+        if self.ready_log.len() >= READY_LOG_LIMIT {
+            self.ready_log.pop_front();
+            self.stats.ready_log_dropped += 1;
+        }
+        self.ready_log.push_back(transfer_id.to_string());
         let port = self.config.port;
         push_event(&mut self.events, &mut self.stats, port, self.config.max_pending_events, |out| {
             wire::write_event(out, transfer_id, &status, port)
@@ -430,6 +447,13 @@ impl<R: RngCore> ConsumerShard<R> {
     /// Events waiting for the PUSH socket.
     pub fn pending_events(&self) -> usize {
         self.events.len()
+    }
+
+    /// Every transfer id that turned READY since the last call (a completed writer and the
+    /// followers it published), in the order their readiness events were queued: what the
+    /// consumer engine polls to know what it may `take` (not a wire op).
+    pub fn drain_ready(&mut self) -> Vec<String> {
+        self.ready_log.drain(..).collect()
     }
 
     /// The model thread loads a READY tensor (not a wire op).
