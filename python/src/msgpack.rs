@@ -71,7 +71,8 @@ fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
 
 /// `obj` as one msgpack frame.
 pub fn encode(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
-    let mut frame = Vec::with_capacity(64);
+    // Room for a typical control message, so the writer never grows the buffer.
+    let mut frame = Vec::with_capacity(256);
     write(&mut Writer::new(&mut frame), obj)?;
     Ok(frame)
 }
