@@ -7,7 +7,8 @@ use crate::rep_monitor::{self, RepMonitor};
 use crate::server::{open_sockets, BindCause, ServerOptions, SetupCause, StartError};
 use crate::sockets::endpoint_port;
 use ctlplane_core::ec::config::zmq_path;
-use ctlplane_core::ec::ConsumerShard;
+use ctlplane_core::ec::{ConsumerShard, ServeStep};
+use ctlplane_core::time::Instant;
 use rand_core::RngCore;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -49,6 +50,9 @@ pub(crate) enum LoopError {
     Reply(#[source] zmq::Error),
     #[error("publishing an event failed: {0}")]
     Event(#[source] zmq::Error),
+    /// A regression switch halted the shard (the reference's dead control thread).
+    #[error("the shard halted: {0}")]
+    Halted(String),
 }
 
 /// Waits up to `timeout` for the serving thread to report its bind. On a timeout the
@@ -103,8 +107,9 @@ pub(crate) fn bind(host: &str, endpoint: &str, port: u16, options: &ServerOption
     Ok(Bound { rep, push, event_port, event_endpoint: zmq_path("tcp", host, event_port), tick_ms, ctx, monitor })
 }
 
-/// Serves until `stop` is set. Each turn: publish queued events until EAGAIN, run the
-/// shard's timer if due, wait one tick for a request, answer it.
+/// Serves until `stop` is set or the shard halts, doing at each turn what the shard's
+/// [`ServeStep`] says (publish, reap, wait, reply, stop); this loop only moves frames
+/// and waits. A wait lasts one tick at most, so `stop` is seen within a tick.
 pub(crate) fn run<R: RngCore>(
     bound: &Bound,
     shard: &Mutex<ConsumerShard<R>>,
@@ -113,50 +118,79 @@ pub(crate) fn run<R: RngCore>(
 ) -> Result<(), LoopError> {
     // One reply buffer for the server's life: a reply is copied into libzmq's message.
     let mut reply = Vec::new();
+    let mut publish_blocked = false;
+    // REP's receive timeout as last set: it bounds a wait with no room to watch for.
+    let mut rcvtimeo = bound.tick_ms;
     while !stop.load(Ordering::Acquire) {
-        {
-            let mut shard = lock(shard);
-            flush_events(&bound.push, &mut shard)?;
-            let now = clock.now();
-            if shard.poll_timeout().is_some_and(|due| now >= due) {
-                shard.handle_timeout(now);
+        let now = clock.now();
+        let step = lock(shard).next_step(now, publish_blocked);
+        match step {
+            ServeStep::Publish => {
+                publish_blocked = !flush_events(&bound.push, &mut lock(shard))?;
+                continue;
+            }
+            ServeStep::Timer => {
+                lock(shard).handle_timeout(now);
+                continue;
+            }
+            ServeStep::Stop | ServeStep::Reply => return Err(halted(shard)),
+            ServeStep::Wait { until, push_room } => {
+                publish_blocked = false;
+                let wait_ms = until.map_or(bound.tick_ms, |until| ms_until(now, until).min(bound.tick_ms));
+                if push_room {
+                    if !wait_request_or_room(bound, wait_ms)? {
+                        continue;
+                    }
+                } else if wait_ms != rcvtimeo {
+                    let ms = i32::try_from(wait_ms).unwrap_or(i32::MAX);
+                    bound.rep.set_rcvtimeo(ms).map_err(LoopError::Recv)?;
+                    rcvtimeo = wait_ms;
+                }
             }
         }
-        if lock(shard).pending_events() > 0 && !wait_request_or_room(bound)? {
-            // PUSH has room again (or the tick passed): flush before waiting for the next
-            // request, so a full PULL queue costs one wake-up, not a whole tick.
-            continue;
-        }
         let Some(frame) = recv_request(&bound.rep)? else { continue };
-        lock(shard).handle_request_into(&frame, clock.now(), &mut reply);
-        send_retrying(&bound.rep, &reply, 0).map_err(LoopError::Reply)?;
+        match lock(shard).serve_request(&frame, clock.now(), &mut reply) {
+            ServeStep::Reply => send_retrying(&bound.rep, &reply, 0).map_err(LoopError::Reply)?,
+            _ => return Err(halted(shard)),
+        }
     }
     Ok(())
 }
 
-/// Events are waiting behind a full (or peerless) PUSH: wait one tick for a request or
-/// for room on PUSH. `true` when a request is there to read.
-fn wait_request_or_room(bound: &Bound) -> Result<bool, LoopError> {
+/// The error a halted shard ends the loop with.
+fn halted<R: RngCore>(shard: &Mutex<ConsumerShard<R>>) -> LoopError {
+    LoopError::Halted(format!("{:?}", lock(shard).halted()))
+}
+
+/// Whole milliseconds from `now` until `until`, rounded up (a wait never ends early).
+fn ms_until(now: Instant, until: Instant) -> i64 {
+    let nanos = until.saturating_duration_since(now).as_nanos();
+    i64::try_from(nanos.div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// Events are waiting behind a full (or peerless) PUSH: wait up to `wait_ms` for a
+/// request or for room on PUSH. `true` when a request is there to read.
+fn wait_request_or_room(bound: &Bound, wait_ms: i64) -> Result<bool, LoopError> {
     let mut items = [bound.rep.as_poll_item(zmq::POLLIN), bound.push.as_poll_item(zmq::POLLOUT)];
-    match zmq::poll(&mut items, bound.tick_ms) {
+    match zmq::poll(&mut items, wait_ms) {
         Ok(_) | Err(zmq::Error::EINTR) => {}
         Err(e) => return Err(LoopError::Recv(e)),
     }
     Ok(items[0].is_readable())
 }
 
-/// Hands queued events to PUSH without blocking. EAGAIN (no PULL connected, or its queue
-/// is full) leaves the event queued in the shard for the next turn.
-fn flush_events<R: RngCore>(push: &zmq::Socket, shard: &mut ConsumerShard<R>) -> Result<(), LoopError> {
+/// Hands queued events to PUSH without blocking; `false` when PUSH refused one (no PULL
+/// connected, or its queue is full), which stays queued in the shard.
+fn flush_events<R: RngCore>(push: &zmq::Socket, shard: &mut ConsumerShard<R>) -> Result<bool, LoopError> {
     while let Some(frame) = shard.peek_event() {
         match push.send(frame, zmq::DONTWAIT) {
             Ok(()) => shard.confirm_sent(),
-            Err(zmq::Error::EAGAIN) => break,
+            Err(zmq::Error::EAGAIN) => return Ok(false),
             Err(zmq::Error::EINTR) => continue,
             Err(e) => return Err(LoopError::Event(e)),
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// One request off REP, or `None` when the tick passed without one.

@@ -135,3 +135,32 @@ fn a_replica_serves_every_rank_and_advertises_them_all() {
     replica.close();
     assert!(!replica.all_serving());
 }
+
+/// EC S2 reaches production: with the reap-fault switch on, the first reap halts the
+/// shard, the serving loop stops as the reference's control thread died (no reply, REP
+/// closed), and requests only time out; with it off the same server keeps answering
+/// across many reaps.
+#[test]
+fn the_reap_fault_switch_halts_a_real_server_and_only_it() {
+    use ctlplane_core::time::Instant;
+    use std::time::Duration;
+
+    let reap = Duration::from_millis(20);
+    let healthy = start_server(|c| c.reap_interval = reap);
+    let faulty = start_server(|c| {
+        c.reap_interval = reap;
+        c.regressions.s2_reap_fault_at = Some(Instant::ZERO);
+    });
+    let client = ControlClient::new(300);
+    // Bounded wait on the condition: the faulty loop stops at its first reap.
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while faulty.is_serving() {
+        assert!(std::time::Instant::now() < deadline, "the switched server never halted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(client.event_port(faulty.endpoint()).is_err(), "a halted server answered");
+    // Many reap intervals later the healthy one still answers.
+    std::thread::sleep(reap * 10);
+    assert!(healthy.is_serving());
+    assert_eq!(client.event_port(healthy.endpoint()).unwrap(), json!(healthy.event_port()));
+}

@@ -24,6 +24,7 @@ pub mod reservations;
 pub mod reserve_outcome;
 pub mod resident;
 pub mod scan;
+pub mod serve_step;
 pub mod shapes;
 pub mod shard;
 pub mod slab;
@@ -37,5 +38,6 @@ pub use dtype::DType;
 pub use reservations::{
     BookConfig, FollowerCompletion, ReservationBook, ReserveError, ReserveRef, ReserveRequest, Reserved,
 };
+pub use serve_step::ServeStep;
 pub use shard::{ConsumerShard, ShardConfig, ShardStats};
 pub use state::State;

@@ -1,6 +1,6 @@
-//! A consumer rank: one [`ConsumerShard`] behind a REP and a PUSH, served by the loop of
-//! `zmq-backend/src/serve_loop.rs`: publish queued events until EAGAIN, reap when due,
-//! wait for a request (or, with events queued behind a full PUSH, for one tick), answer it.
+//! A consumer rank: one [`ConsumerShard`] behind a REP and a PUSH, served as production
+//! serves it: at every turn the shard's `next_step` says whether to publish, reap, wait
+//! or stop, and `serve_request` whether to reply (core/src/ec/serve_step.rs).
 //!
 //! The shard is registered in the world so that the scheduler's loads (`take`, `retire`,
 //! the model thread's calls in production) reach it, and the device registers its slab.
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ctlplane_core::ec::defaults::REP_RECV_TIMEOUT;
 use ctlplane_core::ec::inbox::decode_event;
-use ctlplane_core::ec::{ConsumerShard, ShardConfig};
+use ctlplane_core::ec::{ConsumerShard, ServeStep, ShardConfig};
 
 use super::world::{self, stream, Rank};
 use crate::clock;
@@ -139,31 +139,39 @@ async fn serve(
     rep: &Socket,
     push: &Socket,
 ) -> Stop {
+    let mut publish_blocked = false;
     loop {
-        if let Err(e) = flush_events(host, consumer, rank, shard, push) {
-            return Stop::Failed(e.to_string());
-        }
         let now = clock::now();
-        let due = {
-            let mut s = shard.borrow_mut();
-            if s.poll_timeout().is_some_and(|d| now >= d) {
-                s.handle_timeout(now);
+        let step = shard.borrow().next_step(now, publish_blocked);
+        match step {
+            ServeStep::Publish => {
+                match flush_events(host, consumer, rank, shard, push) {
+                    Ok(all_sent) => publish_blocked = !all_sent,
+                    Err(e) => return Stop::Failed(e.to_string()),
+                }
+                continue;
+            }
+            ServeStep::Timer => {
+                shard.borrow_mut().handle_timeout(now);
                 world::with(|w| w.dirty.insert(host.to_string()));
-                if let Some(why) = s.halted() {
-                    return Stop::Halted(format!("{why:?}"));
+                continue;
+            }
+            ServeStep::Stop | ServeStep::Reply => return halted(shard),
+            ServeStep::Wait { until, push_room: _ } => {
+                // The model's PUSH has no writability signal: `until` already brings the
+                // loop back within a tick while events wait for room.
+                publish_blocked = false;
+                match until {
+                    Some(until) => {
+                        tokio::select! {
+                            biased;
+                            _ = rep.readable() => {}
+                            _ = clock::sleep_until(until) => continue,
+                        }
+                    }
+                    None => rep.readable().await,
                 }
             }
-            s.poll_timeout()
-        };
-        let pending = shard.borrow().pending_events() > 0;
-        let mut wake = due.unwrap_or(now + TICK);
-        if pending {
-            wake = wake.min(now + TICK);
-        }
-        tokio::select! {
-            biased;
-            _ = rep.readable() => {}
-            _ = clock::sleep_until(wake) => continue,
         }
         let msg = match rep.try_recv() {
             Ok(m) => m,
@@ -186,7 +194,8 @@ async fn serve(
             crate::trace::record(host, "ec.slow_handler", &[("delay_ms", &delay.as_millis())]);
             clock::sleep(delay).await;
         }
-        let reply = shard.borrow_mut().handle_request(&frame, clock::now());
+        let mut reply = Vec::new();
+        let step = shard.borrow_mut().serve_request(&frame, clock::now(), &mut reply);
         world::with(|w| {
             w.dirty.insert(host.to_string());
             if let Some(session) = w.ranks.get(host).map(|r| r.session.clone()) {
@@ -194,8 +203,8 @@ async fn serve(
             }
         });
         crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
-        if let Some(why) = shard.borrow().halted() {
-            return Stop::Halted(format!("{why:?}"));
+        if step != ServeStep::Reply {
+            return halted(shard);
         }
         if let Err(e) = rep.send(vec![reply]).await {
             return Stop::Failed(e.to_string());
@@ -208,16 +217,22 @@ async fn serve(
     }
 }
 
-/// Hands queued events to PUSH without blocking; EAGAIN leaves them queued.
+/// How the loop ends when the shard halted.
+fn halted(shard: &Rc<RefCell<world::Shard>>) -> Stop {
+    Stop::Halted(format!("{:?}", shard.borrow().halted()))
+}
+
+/// Hands queued events to PUSH without blocking; `Ok(false)` when PUSH refused one (it
+/// stays queued).
 fn flush_events(
     host: &str,
     consumer: usize,
     rank: u32,
     shard: &Rc<RefCell<world::Shard>>,
     push: &Socket,
-) -> Result<(), ZmqError> {
+) -> Result<bool, ZmqError> {
     loop {
-        let Some(frame) = shard.borrow().peek_event().map(<[u8]>::to_vec) else { return Ok(()) };
+        let Some(frame) = shard.borrow().peek_event().map(<[u8]>::to_vec) else { return Ok(true) };
         let transfer_id = decode_event(&frame).ok().flatten().map(|e| e.transfer_id);
         match push.try_send(vec![frame.clone()]) {
             Ok(()) => {
@@ -235,7 +250,7 @@ fn flush_events(
                     }
                 }
             }
-            Err(ZmqError::Again) => return Ok(()),
+            Err(ZmqError::Again) => return Ok(false),
             Err(e) => {
                 tracing::warn!(%host, error = %e, "publishing an event failed");
                 return Err(e);
