@@ -310,7 +310,11 @@ impl ControlClient {
             requests::write_reserve(frame, spec).ok_or_else(|| overflow(std::slice::from_ref(spec)))?;
             self.exchange(addr, frame, reserve_outcome::decode_reserve_reply)
         })?;
-        decoded.map_err(|detail| unexpected(addr, "reserve", detail))
+        // The producer's size rule too: one reading of a reserve result for both.
+        let nbytes = spec.nbytes().ok_or_else(|| overflow(std::slice::from_ref(spec)))?;
+        decoded
+            .and_then(|outcome| outcome.checked(nbytes, &spec.mm_hash))
+            .map_err(|detail| unexpected(addr, "reserve", detail))
     }
 
     /// One `reserve_batch`: per spec, the reserve result or the shard's error text.

@@ -113,14 +113,26 @@ fn typed_reserves_refuse_results_without_a_grant_and_keep_the_socket() {
         router_send(
             &router,
             &second,
-            br#"{"result": {"nbytes": "2", "dst_ptr": 1, "reservation_id": 7, "dst_session": "s", "write": 1}, "ok": 1}"#,
+            br#"{"result": {"nbytes": "16384", "dst_ptr": 1, "reservation_id": 7, "dst_session": "s", "write": 1}, "ok": 1}"#,
+        );
+        // A grant to write other than the bytes asked for is refused, as the producer does.
+        let (third, _) = router_recv(&router);
+        router_send(
+            &router,
+            &third,
+            br#"{"ok": true, "result": {"reservation_id": "r", "dst_session": "s", "dst_ptr": 1, "nbytes": 2, "write": true, "ready": false, "cached": false}}"#,
         );
     });
     let client = ControlClient::new(5_000);
     let err = client.reserve_outcome(&addr, &spec("t", "h")).unwrap_err();
-    assert_eq!(err.to_string(), format!("malformed reserve result from {addr}: no reservation_id"));
+    assert_eq!(err.to_string(), format!("malformed reserve result from {addr}: Malformed EC reservation response"));
     let ReserveOutcome::Granted(g) = client.reserve_outcome(&addr, &spec("t", "h")).unwrap() else { panic!() };
-    assert_eq!((g.reservation_id.as_str(), g.dst_ptr, g.nbytes, g.write, g.ready), ("7", 1, 2, true, false));
+    assert_eq!((g.reservation_id.as_str(), g.dst_ptr, g.nbytes, g.write, g.ready), ("7", 1, 16384, true, false));
+    let err = client.reserve_outcome(&addr, &spec("t", "h")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("malformed reserve result from {addr}: EC consumer granted 2 bytes for mm_hash=h, expected 16384")
+    );
     server.join().unwrap();
 }
 

@@ -30,10 +30,11 @@
 //! coordinator keeps no timers: request timeouts are the control client's (ec-behaviour.md §5), and
 //! the refresh decision uses the `now` of the input that makes the batch writable.
 
-use super::pyjson::{self, to_int, to_str, truthy};
+use super::pyjson::{to_str, truthy};
+use super::requests::ReserveFields;
+use super::reserve_outcome::{ReserveGrant, ReserveOutcome};
 use super::topology::{peers_request, TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
 use crate::time::Instant;
-use serde::Serialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -48,7 +49,7 @@ pub const CANCEL_ATTEMPTS: u32 = 2;
 /// The error of a `reserve_batch` reply whose item count differs from the request's.
 pub const MALFORMED_RESERVE_BATCH: &str = "Malformed EC reservation batch response";
 /// The error of a `reserve` result that is not a reservation.
-pub const MALFORMED_RESERVE: &str = "Malformed EC reservation response";
+pub use super::reserve_outcome::MALFORMED_RESERVE;
 /// The error of a `complete_batch` reply whose item count differs from the request's.
 pub const MALFORMED_COMPLETE_BATCH: &str = "Malformed EC completion batch response";
 
@@ -237,49 +238,29 @@ pub enum PushError {
 // ---------------------------------------------------------------------------------------
 // Frames (Python `json.dumps` style, keys in the reference's order)
 
-#[derive(Serialize)]
-struct ReservePayload<'a> {
-    transfer_id: &'a str,
-    mm_hash: &'a str,
-    nbytes: u64,
-    shape: &'a [u64],
-    dtype: &'a str,
-}
-
-impl<'a> From<&'a PushItem> for ReservePayload<'a> {
-    fn from(item: &'a PushItem) -> Self {
-        ReservePayload {
-            transfer_id: &item.transfer_id,
-            mm_hash: &item.mm_hash,
-            nbytes: item.nbytes,
-            shape: &item.shape,
-            dtype: &item.dtype,
+impl PushItem {
+    /// The item's wire fields.
+    pub fn fields(&self) -> ReserveFields<'_> {
+        ReserveFields {
+            transfer_id: &self.transfer_id,
+            mm_hash: &self.mm_hash,
+            nbytes: self.nbytes,
+            shape: &self.shape,
+            dtype: &self.dtype,
         }
     }
 }
 
-#[derive(Serialize)]
-struct ReserveFrame<'a> {
-    op: &'static str,
-    #[serde(flatten)]
-    payload: ReservePayload<'a>,
-}
-
-#[derive(Serialize)]
-struct BatchFrame<T> {
-    op: &'static str,
-    items: Vec<T>,
-}
-
 /// `{"op": "reserve", "transfer_id": .., "mm_hash": .., "nbytes": .., "shape": .., "dtype": ..}`.
 pub fn reserve_request(item: &PushItem) -> Vec<u8> {
-    pyjson::dumps(&ReserveFrame { op: "reserve", payload: item.into() })
+    let mut out = Vec::new();
+    super::requests::write_reserve_fields(&mut out, &item.fields());
+    out
 }
 
 /// `{"op": "reserve_batch", "items": [<reserve payload without "op">, ...]}`.
 pub fn reserve_batch_request<'a>(items: impl IntoIterator<Item = &'a PushItem>) -> Vec<u8> {
-    let items = items.into_iter().map(ReservePayload::from).collect();
-    pyjson::dumps(&BatchFrame { op: "reserve_batch", items })
+    super::requests::reserve_batch_fields(items.into_iter().map(PushItem::fields))
 }
 
 /// `{"op": "complete_batch", "items": [{"transfer_id": .., "reservation_id": ..}, ...]}`.
@@ -294,23 +275,12 @@ pub use super::requests::make_cancel_request;
 // ---------------------------------------------------------------------------------------
 // Reply parsing
 
-/// A granted destination on one shard.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Grant {
-    reservation_id: String,
-    dst_session: String,
-    dst_ptr: u64,
-    write: bool,
-    ready: bool,
-    cached: bool,
-}
-
 /// What the producer knows about one item on one shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum ShardSlot {
     /// Reserve not answered yet.
     Pending,
-    Granted(Grant),
+    Granted(ReserveGrant),
     /// The consumer cancelled the transfer first (`cancelled: true`).
     Cancelled,
     /// The reserve failed with this error.
@@ -319,43 +289,14 @@ enum ShardSlot {
     Released,
 }
 
-fn to_u64(v: Option<&Value>) -> Option<u64> {
-    v.and_then(|v| to_int(v).ok()).and_then(|n| u64::try_from(n).ok())
-}
-
-/// One `reserve` result, checked against what was asked.
+/// One `reserve` result, checked against what was asked (the one reader,
+/// [`ReserveOutcome`], with the size rule of [`ReserveOutcome::checked`]).
 fn parse_reserve(result: &Value, item: &PushItem) -> ShardSlot {
-    let Value::Object(obj) = result else {
-        return ShardSlot::Failed(MALFORMED_RESERVE.into());
-    };
-    if obj.get("cancelled").is_some_and(truthy) {
-        return ShardSlot::Cancelled;
+    match ReserveOutcome::from_result(result).and_then(|o| o.checked(item.nbytes, &item.mm_hash)) {
+        Ok(ReserveOutcome::Granted(grant)) => ShardSlot::Granted(grant),
+        Ok(ReserveOutcome::Cancelled) => ShardSlot::Cancelled,
+        Err(error) => ShardSlot::Failed(error),
     }
-    let (Some(rid), Some(session), Some(dst_ptr), Some(nbytes)) = (
-        obj.get("reservation_id").map(to_str),
-        obj.get("dst_session").map(to_str),
-        to_u64(obj.get("dst_ptr")),
-        to_u64(obj.get("nbytes")),
-    ) else {
-        return ShardSlot::Failed(MALFORMED_RESERVE.into());
-    };
-    let flag = |k: &str| obj.get(k).is_some_and(truthy);
-    let grant = Grant {
-        reservation_id: rid,
-        dst_session: session,
-        dst_ptr,
-        write: flag("write"),
-        ready: flag("ready"),
-        cached: flag("cached"),
-    };
-    // Never write more bytes than the consumer says its destination holds.
-    if grant.write && nbytes != item.nbytes {
-        return ShardSlot::Failed(format!(
-            "EC consumer granted {nbytes} bytes for mm_hash={}, expected {}",
-            item.mm_hash, item.nbytes
-        ));
-    }
-    ShardSlot::Granted(grant)
 }
 
 /// The per-item entries of a batch op's `{"items": [...]}` result, if it has `expected`.
@@ -661,7 +602,7 @@ impl Batch {
         self.phase = Phase::Writing;
         for i in self.live_items() {
             let nbytes = self.items[i].spec.nbytes;
-            let grants: Vec<(usize, Grant)> = self.items[i]
+            let grants: Vec<(usize, ReserveGrant)> = self.items[i]
                 .shards
                 .iter()
                 .enumerate()
@@ -1269,6 +1210,48 @@ mod tests {
         }
     }
 
+    /// The producer and the client read every reserve reply alike: the producer through
+    /// `parse_reserve` on the decoded result, the client through the frame reader
+    /// (`decode_reserve_reply`, scan or general path) and the same size rule.
+    #[test]
+    fn producer_and_client_read_every_reserve_reply_alike() {
+        use crate::ec::reserve_outcome::decode_reserve_reply;
+        let it = item("t1");
+        let rid = "9c1e".repeat(8);
+        let replies: Vec<String> = vec![
+            format!(r#"{{"ok": true, "result": {{"reservation_id": "{rid}", "dst_session": "10.0.0.5:15417", "dst_ptr": 4096, "nbytes": 16, "write": true, "ready": false, "cached": false}}}}"#),
+            format!(r#"{{"ok": true, "result": {{"reservation_id": "{rid}", "dst_session": "s", "dst_ptr": 0, "nbytes": 16, "write": false, "ready": true, "cached": true}}}}"#),
+            format!(r#"{{"ok": true, "result": {{"reservation_id": "{rid}", "dst_session": "s", "dst_ptr": 8, "nbytes": 32, "write": true, "ready": false, "cached": false}}}}"#),
+            format!(r#"{{"ok": true, "result": {{"reservation_id": "{rid}", "dst_session": "s", "dst_ptr": 8, "nbytes": 32, "write": false, "ready": false, "cached": false}}}}"#),
+            r#"{"ok": true, "result": {"reservation_id": "", "dst_session": "", "dst_ptr": 0, "nbytes": 0, "write": false, "ready": false, "cancelled": true}}"#.into(),
+            r#"{"ok": true, "result": {"cancelled": 1}}"#.into(),
+            r#"{"ok": true, "result": {"cancelled": false, "reservation_id": 7, "dst_session": null, "dst_ptr": true, "nbytes": 16, "write": 1, "ready": "", "cached": []}}"#.into(),
+            r#"{"ok": true, "result": {"reservation_id": "r", "dst_session": "s", "dst_ptr": -1, "nbytes": 16, "write": true}}"#.into(),
+            r#"{"ok": true, "result": {"reservation_id": "r", "dst_session": "s", "dst_ptr": 4096.0, "nbytes": 16, "write": true}}"#.into(),
+            r#"{"ok": true, "result": {"reservation_id": "r", "dst_session": "s", "dst_ptr": "4096", "nbytes": "16", "write": true}}"#.into(),
+            r#"{"ok": true, "result": {"dst_session": "s", "dst_ptr": 1, "nbytes": 16}}"#.into(),
+            r#"{"ok": true, "result": null}"#.into(),
+            r#"{"ok": true, "result": [1, 2]}"#.into(),
+        ];
+        for frame in &replies {
+            let client = match decode_reserve_reply(frame.as_bytes()) {
+                Ok(Ok(read)) => read.and_then(|o| o.checked(it.nbytes, &it.mm_hash)),
+                other => panic!("{frame} is a success reply, read as {other:?}"),
+            };
+            let result = match crate::ec::wire::decode_reply(frame.as_bytes()) {
+                Ok(Ok(result)) => result,
+                other => panic!("{frame}: {other:?}"),
+            };
+            let producer = match parse_reserve(&result, &it) {
+                ShardSlot::Granted(g) => Ok(ReserveOutcome::Granted(g)),
+                ShardSlot::Cancelled => Ok(ReserveOutcome::Cancelled),
+                ShardSlot::Failed(e) => Err(e),
+                other => panic!("{frame}: {other:?}"),
+            };
+            assert_eq!(client, producer, "{frame}");
+        }
+    }
+
     #[test]
     fn frames_are_python_json_dumps() {
         assert_eq!(
@@ -1301,7 +1284,10 @@ mod tests {
     fn reserve_results_are_read_leniently_but_sizes_must_match() {
         let it = item("t");
         let granted = json!({"reservation_id": "r", "dst_session": "s", "dst_ptr": 4096, "nbytes": 16, "write": true, "ready": false, "cached": false});
-        assert!(matches!(parse_reserve(&granted, &it), ShardSlot::Granted(Grant { dst_ptr: 4096, write: true, .. })));
+        assert!(matches!(
+            parse_reserve(&granted, &it),
+            ShardSlot::Granted(ReserveGrant { dst_ptr: 4096, write: true, .. })
+        ));
         let cancelled = json!({"reservation_id": "", "dst_session": "", "dst_ptr": 0, "nbytes": 16, "write": false, "ready": false, "cancelled": true});
         assert_eq!(parse_reserve(&cancelled, &it), ShardSlot::Cancelled);
         let short = json!({"reservation_id": "r", "dst_session": "s", "dst_ptr": 0, "nbytes": 8, "write": true});

@@ -27,15 +27,39 @@ impl ReserveSpec {
         self.shape.iter().try_fold(self.dtype.itemsize(), |acc, &d| acc.checked_mul(d))
     }
 
+    /// The spec's wire fields; `None` if its size overflows.
+    pub fn fields(&self) -> Option<ReserveFields<'_>> {
+        Some(ReserveFields {
+            transfer_id: &self.transfer_id,
+            mm_hash: &self.mm_hash,
+            nbytes: self.nbytes()?,
+            shape: &self.shape,
+            dtype: self.dtype.name(),
+        })
+    }
+}
+
+/// One reserve item as it goes on the wire, whoever asks (a client's [`ReserveSpec`], a
+/// producer's `PushItem`): the one encoder of `reserve` and `reserve_batch` writes these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReserveFields<'a> {
+    pub transfer_id: &'a str,
+    pub mm_hash: &'a str,
+    pub nbytes: u64,
+    pub shape: &'a [u64],
+    /// The bare torch dtype name (`"float16"`).
+    pub dtype: &'a str,
+}
+
+impl ReserveFields<'_> {
     /// `"transfer_id": .., "mm_hash": .., "nbytes": .., "shape": [..], "dtype": ..`.
-    fn write_fields(&self, out: &mut Vec<u8>) -> Option<()> {
-        let nbytes = self.nbytes()?;
+    fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"\"transfer_id\": ");
-        dumps::write_str(out, &self.transfer_id);
+        dumps::write_str(out, self.transfer_id);
         out.extend_from_slice(b", \"mm_hash\": ");
-        dumps::write_str(out, &self.mm_hash);
+        dumps::write_str(out, self.mm_hash);
         out.extend_from_slice(b", \"nbytes\": ");
-        dumps::write_u64(out, nbytes);
+        dumps::write_u64(out, self.nbytes);
         out.extend_from_slice(b", \"shape\": [");
         for (i, d) in self.shape.iter().enumerate() {
             if i > 0 {
@@ -43,11 +67,8 @@ impl ReserveSpec {
             }
             dumps::write_u64(out, *d);
         }
-        out.extend_from_slice(b"], \"dtype\": \"");
-        // Dtype names are lowercase letters and digits: nothing to escape.
-        out.extend_from_slice(self.dtype.name().as_bytes());
-        out.push(b'"');
-        Some(())
+        out.extend_from_slice(b"], \"dtype\": ");
+        dumps::write_str(out, self.dtype);
     }
 }
 
@@ -100,25 +121,37 @@ pub fn reserve(spec: &ReserveSpec) -> Option<Vec<u8>> {
 /// [`reserve`]'s frame written into `out` (cleared first), so a client can keep one
 /// buffer for its requests; `None` (and `out` left unspecified) if the size overflows.
 pub fn write_reserve(out: &mut Vec<u8>, spec: &ReserveSpec) -> Option<()> {
-    out.clear();
-    out.reserve(128 + spec.transfer_id.len() + spec.mm_hash.len());
-    out.extend_from_slice(b"{\"op\": \"reserve\", ");
-    spec.write_fields(out)?;
-    out.push(b'}');
+    write_reserve_fields(out, &spec.fields()?);
     Some(())
+}
+
+/// The `reserve` frame of `fields`, written into `out` (cleared first).
+pub fn write_reserve_fields(out: &mut Vec<u8>, fields: &ReserveFields<'_>) {
+    out.clear();
+    out.reserve(128 + fields.transfer_id.len() + fields.mm_hash.len());
+    out.extend_from_slice(b"{\"op\": \"reserve\", ");
+    fields.write(out);
+    out.push(b'}');
 }
 
 /// `{"op": "reserve_batch", "items": [...]}`; `None` if a spec's size overflows.
 pub fn reserve_batch(specs: &[ReserveSpec]) -> Option<Vec<u8>> {
-    let mut out = begin("reserve_batch", 40 + 200 * specs.len());
+    let fields = specs.iter().map(ReserveSpec::fields).collect::<Option<Vec<_>>>()?;
+    Some(reserve_batch_fields(fields))
+}
+
+/// `{"op": "reserve_batch", "items": [...]}` of `items`.
+pub fn reserve_batch_fields<'a>(items: impl IntoIterator<Item = ReserveFields<'a>>) -> Vec<u8> {
+    let items = items.into_iter();
+    let mut out = begin("reserve_batch", 40 + 200 * items.size_hint().0);
     out.extend_from_slice(b", \"items\": [");
-    for (i, spec) in specs.iter().enumerate() {
+    for (i, fields) in items.enumerate() {
         out.extend_from_slice(if i > 0 { b", {" } else { b"{" });
-        spec.write_fields(&mut out)?;
+        fields.write(&mut out);
         out.push(b'}');
     }
     out.extend_from_slice(b"]}");
-    Some(out)
+    out
 }
 
 /// `{"op": "complete", "transfer_id": ..., "reservation_id": ...}`.

@@ -6,7 +6,10 @@
 //! [`ReserveOutcome`] directly; anything else takes the general path
 //! ([`wire::decode_reply`] and [`ReserveOutcome::from_result`]), which decides everything,
 //! error texts included. The fields are read with the reference producer's rules: ids with
-//! Python's `str`, sizes as integers, flags by truthiness, `cancelled` first.
+//! Python's `str`, sizes as integers, flags by truthiness, `cancelled` first. This is the
+//! one reader of a reserve result: the producer ([`super::producer`]) and the client
+//! (`ctlplane_zmq::ControlClient`) both call it, and [`ReserveOutcome::checked`] applies
+//! the producer's size rule for both.
 
 use super::pyjson::{to_int, to_str, truthy};
 use super::scan::Scan;
@@ -25,21 +28,24 @@ pub enum ReserveOutcome {
     Cancelled,
 }
 
+/// The error of a `reserve` result that is not a reservation (the reference producer's).
+pub const MALFORMED_RESERVE: &str = "Malformed EC reservation response";
+
 impl ReserveOutcome {
-    /// Reads a decoded `result`; `Err` says what is missing or malformed.
+    /// Reads a decoded `result`; `Err` is the reference producer's error text.
     pub fn from_result(result: &Value) -> Result<Self, String> {
         let Value::Object(obj) = result else {
-            return Err("the result is not an object".into());
+            return Err(MALFORMED_RESERVE.into());
         };
         if obj.get("cancelled").is_some_and(truthy) {
             return Ok(ReserveOutcome::Cancelled);
         }
-        let text = |k: &str| obj.get(k).map(to_str).ok_or_else(|| format!("no {k}"));
+        let text = |k: &str| obj.get(k).map(to_str).ok_or_else(|| MALFORMED_RESERVE.to_string());
         let size = |k: &str| {
             obj.get(k)
                 .and_then(|v| to_int(v).ok())
                 .and_then(|n| u64::try_from(n).ok())
-                .ok_or_else(|| format!("no non-negative integer {k}"))
+                .ok_or_else(|| MALFORMED_RESERVE.to_string())
         };
         let flag = |k: &str| obj.get(k).is_some_and(truthy);
         Ok(ReserveOutcome::Granted(ReserveGrant {
@@ -51,6 +57,20 @@ impl ReserveOutcome {
             ready: flag("ready"),
             cached: flag("cached"),
         }))
+    }
+}
+
+impl ReserveOutcome {
+    /// The outcome if a writer may act on it: a grant to write must be exactly the
+    /// `nbytes` asked for `mm_hash` (never write more than the consumer says its
+    /// destination holds); otherwise the reference producer's error text.
+    pub fn checked(self, nbytes: u64, mm_hash: &str) -> Result<Self, String> {
+        match &self {
+            ReserveOutcome::Granted(g) if g.write && g.nbytes != nbytes => {
+                Err(format!("EC consumer granted {} bytes for mm_hash={mm_hash}, expected {nbytes}", g.nbytes))
+            }
+            _ => Ok(self),
+        }
     }
 }
 
@@ -168,10 +188,10 @@ mod tests {
             ),
             (
                 br#"{"ok": true, "result": {"reservation_id": "r", "dst_session": "s", "dst_ptr": -1, "nbytes": 2}}"#,
-                Ok(Ok(Err("no non-negative integer dst_ptr".into()))),
+                Ok(Ok(Err(MALFORMED_RESERVE.into()))),
             ),
-            (br#"{"ok": true, "result": null}"#, Ok(Ok(Err("the result is not an object".into())))),
-            (br#"{"ok": true, "result": {"dst_session": "s"}}"#, Ok(Ok(Err("no reservation_id".into())))),
+            (br#"{"ok": true, "result": null}"#, Ok(Ok(Err(MALFORMED_RESERVE.into())))),
+            (br#"{"ok": true, "result": {"dst_session": "s"}}"#, Ok(Ok(Err(MALFORMED_RESERVE.into())))),
             (br#"{"ok": false, "error": "EC consumer buffer pool is full"}"#, Ok(Err("EC consumer buffer pool is full".into()))),
             (&encode_err("conflicting reservation for transfer_id"), Ok(Err("conflicting reservation for transfer_id".into()))),
         ];

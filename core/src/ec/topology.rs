@@ -93,10 +93,8 @@ impl TopologyCache {
     }
 }
 
-/// The `peers` request frame.
-pub fn peers_request() -> Vec<u8> {
-    br#"{"op": "peers"}"#.to_vec()
-}
+/// The `peers` request frame (the encoder of [`super::requests`]).
+pub use super::requests::peers as peers_request;
 
 #[cfg(test)]
 mod tests {
