@@ -15,7 +15,7 @@ use ctlplane_core::ec::requests::{self, ReserveSpec};
 use ctlplane_core::ec::reservations::{Status, StatusView};
 use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::wire::{
-    self, CancelResult, CancelledResult, CompleteItem, CompleteResult, ItemReply, Items, JsonText, LastFlag,
+    self, CancelResult, CancelledResult, CompleteItem, CompleteResult, Decoded, ItemReply, Items, JsonText, LastFlag,
     PeersResult, Request, ReserveFields, ReserveReply, ReserveResult, StatusResult,
 };
 use ctlplane_core::ec::{dumps, pyjson, scan};
@@ -199,33 +199,41 @@ fn apply(frame: &mut Vec<u8>, edit: &Edit) {
     }
 }
 
+/// Whether `frame` takes the in-place `reserve` path.
+fn in_place(frame: &[u8]) -> bool {
+    matches!(wire::read_request_fast(frame, wire::DEFAULT_MAX_BATCH_ITEMS), Some(Decoded::Reserve(_)))
+}
+
 /// Every decoder's fast path against its general path, on one frame.
 fn check_frame(frame: &[u8], max_batch_items: usize) -> Result<(), TestCaseError> {
     let general = wire::decode_request_general(frame, max_batch_items);
     if let Some(fast) = wire::decode_request_fast(frame, max_batch_items) {
         prop_assert_eq!(Ok(fast), general.clone(), "fast request decode of {:?}", String::from_utf8_lossy(frame));
     }
-    if let Some(fast) = wire::scan_reserve_request(frame) {
-        let owned = fast.to_request();
-        prop_assert_eq!(fast.as_ref(), owned.as_ref());
-        prop_assert_eq!(
-            Ok(Request::Reserve(Ok(owned))),
-            general.clone(),
-            "in-place reserve of {:?}",
-            String::from_utf8_lossy(frame)
-        );
-    }
-    if let Some(items) = wire::scan_complete_batch(frame, max_batch_items) {
-        let items = items
-            .iter()
-            .map(|&(t, r)| Ok(CompleteItem { transfer_id: t.to_owned(), reservation_id: r.to_owned() }))
-            .collect();
-        prop_assert_eq!(
-            Ok(Request::CompleteBatch(items)),
-            general.clone(),
-            "complete_batch scan of {:?}",
-            String::from_utf8_lossy(frame)
-        );
+    match wire::read_request_fast(frame, max_batch_items) {
+        Some(Decoded::Reserve(fast)) => {
+            let owned = fast.to_request();
+            prop_assert_eq!(fast.as_ref(), owned.as_ref());
+            prop_assert_eq!(
+                Ok(Request::Reserve(Ok(owned))),
+                general.clone(),
+                "in-place reserve of {:?}",
+                String::from_utf8_lossy(frame)
+            );
+        }
+        Some(Decoded::CompleteBatch(items)) => {
+            let items = items
+                .iter()
+                .map(|&(t, r)| Ok(CompleteItem { transfer_id: t.to_owned(), reservation_id: r.to_owned() }))
+                .collect();
+            prop_assert_eq!(
+                Ok(Request::CompleteBatch(items)),
+                general.clone(),
+                "complete_batch scan of {:?}",
+                String::from_utf8_lossy(frame)
+            );
+        }
+        _ => {}
     }
     prop_assert_eq!(wire::decode_request(frame, max_batch_items), general);
     let parsed = wire::parse_json_general(frame);
@@ -420,14 +428,14 @@ proptest! {
             );
             if frame.starts_with("{\"op\": \"complete_batch\"") {
                 prop_assert!(
-                    wire::scan_complete_batch(frame.as_bytes(), max).is_some(),
+                    matches!(wire::read_request_fast(frame.as_bytes(), max), Some(Decoded::CompleteBatch(_))),
                     "valid complete_batch left the borrowing scan: {}",
                     frame
                 );
             }
         }
         if plain && frame.starts_with("{\"op\": \"reserve\", ") {
-            prop_assert!(wire::scan_reserve_request(frame.as_bytes()).is_some(), "reserve left the in-place path: {}", frame);
+            prop_assert!(in_place(frame.as_bytes()), "reserve left the in-place path: {}", frame);
         }
     }
 
@@ -455,7 +463,7 @@ proptest! {
                 prop_assert_eq!(written, Some(()));
                 prop_assert_eq!(&reused, &frame, "a reused buffer holds the same frame");
                 prop_assert!(decode(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
-                prop_assert!(wire::scan_reserve_request(&frame).is_some(), "{}", String::from_utf8_lossy(&frame));
+                prop_assert!(in_place(&frame), "{}", String::from_utf8_lossy(&frame));
                 check_frame(&frame, wire::DEFAULT_MAX_BATCH_ITEMS)?;
             } else {
                 prop_assert_eq!(written, None);
@@ -466,8 +474,11 @@ proptest! {
         }
         let t = specs[0].transfer_id.as_str();
         let batch = requests::complete_batch(specs.iter().map(|s| (s.transfer_id.as_str(), rid.as_str())));
-        let scanned = wire::scan_complete_batch(&batch, wire::DEFAULT_MAX_BATCH_ITEMS);
-        prop_assert_eq!(scanned.map(|items| items.len()), Some(specs.len()), "{}", String::from_utf8_lossy(&batch));
+        let scanned = match wire::read_request_fast(&batch, wire::DEFAULT_MAX_BATCH_ITEMS) {
+            Some(Decoded::CompleteBatch(items)) => Some(items.len()),
+            _ => None,
+        };
+        prop_assert_eq!(scanned, Some(specs.len()), "{}", String::from_utf8_lossy(&batch));
         check_frame(&batch, wire::DEFAULT_MAX_BATCH_ITEMS)?;
         for frame in [
             requests::complete(t, &rid),
@@ -678,9 +689,11 @@ fn the_complete_batch_fast_path_answers_and_publishes_like_the_general_path() {
     items.push((&specs[3].transfer_id, &rids[3]));
     items.push(("never reserved", &rids[0]));
     let batch = requests::complete_batch(items.iter().copied());
-    assert!(wire::scan_complete_batch(&batch, wire::DEFAULT_MAX_BATCH_ITEMS).is_some());
+    let borrowed =
+        |f: &[u8]| matches!(wire::read_request_fast(f, wire::DEFAULT_MAX_BATCH_ITEMS), Some(Decoded::CompleteBatch(_)));
+    assert!(borrowed(&batch));
     let compact = String::from_utf8(batch.clone()).unwrap().replace(", ", ",").replace(": ", ":");
-    assert!(wire::scan_complete_batch(compact.as_bytes(), wire::DEFAULT_MAX_BATCH_ITEMS).is_none());
+    assert!(!borrowed(compact.as_bytes()));
     let later = Instant::from_secs(2);
     let (a, b) = (fast.handle_request(&batch, later), general.handle_request(compact.as_bytes(), later));
     assert_eq!(String::from_utf8_lossy(&a), String::from_utf8_lossy(&b));

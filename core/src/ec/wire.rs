@@ -118,33 +118,85 @@ impl Request {
     }
 }
 
-/// Decodes one request frame.
-///
-/// Frames laid out as the Rust and Python clients write them (`json.dumps` of the ops in
-/// their helpers' key order) are read by [`decode_request_fast`]; everything else, and
-/// every frame that would be refused, takes [`decode_request_general`].
-pub fn decode_request(frame: &[u8], max_batch_items: usize) -> Result<Request, WireError> {
-    match decode_request_fast(frame, max_batch_items) {
-        Some(request) => Ok(request),
-        None => decode_request_general(frame, max_batch_items),
+/// A request as the shard reads it: the two bulk ops of a producer borrowed from the
+/// frame when it is in the clients' exact layout, every other op (and every frame the
+/// scanner leaves) owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decoded<'a> {
+    /// A valid `reserve` read in place.
+    Reserve(ScannedReserve<'a>),
+    /// A `complete_batch` whose `(transfer_id, reservation_id)` ids are borrowed, every
+    /// item valid.
+    CompleteBatch(Vec<(&'a str, &'a str)>),
+    /// Any other request.
+    Other(Request),
+}
+
+impl Decoded<'_> {
+    /// The request, owned.
+    pub fn into_request(self) -> Request {
+        match self {
+            Decoded::Reserve(r) => Request::Reserve(Ok(r.to_request())),
+            Decoded::CompleteBatch(items) => Request::CompleteBatch(
+                items
+                    .into_iter()
+                    .map(|(t, r)| Ok(CompleteItem { transfer_id: t.to_owned(), reservation_id: r.to_owned() }))
+                    .collect(),
+            ),
+            Decoded::Other(request) => request,
+        }
     }
+}
+
+/// Reads one request frame: the shard's one entry. A frame in the clients' layout (as the
+/// Rust and Python clients write them) is read by one pass of the scanner
+/// ([`read_request_fast`]); everything else, and every frame that would be refused, by
+/// [`decode_request_general`].
+pub fn read_request(frame: &[u8], max_batch_items: usize) -> Result<Decoded<'_>, WireError> {
+    match read_request_fast(frame, max_batch_items) {
+        Some(request) => Ok(request),
+        None => decode_request_general(frame, max_batch_items).map(Decoded::Other),
+    }
+}
+
+/// [`read_request`], owned.
+pub fn decode_request(frame: &[u8], max_batch_items: usize) -> Result<Request, WireError> {
+    read_request(frame, max_batch_items).map(Decoded::into_request)
+}
+
+/// [`read_request_fast`], owned.
+pub fn decode_request_fast(frame: &[u8], max_batch_items: usize) -> Option<Request> {
+    read_request_fast(frame, max_batch_items).map(Decoded::into_request)
 }
 
 /// The request of a frame in the clients' exact layout whose every item is valid, or
 /// `None`. Whatever it returns, [`decode_request_general`] returns too: it reads only
 /// printable-ASCII JSON without escapes or repeated keys, and leaves every refusal (and
 /// every coercion) to the general path.
-pub fn decode_request_fast(frame: &[u8], max_batch_items: usize) -> Option<Request> {
+pub fn read_request_fast(frame: &[u8], max_batch_items: usize) -> Option<Decoded<'_>> {
     let mut s = Scan::new(frame);
     s.lit(b"{\"op\": ")?;
     let request = match s.str()? {
         "reserve" => {
             s.lit(b", ")?;
-            Request::Reserve(Ok(scan_reserve(&mut s)?))
+            Decoded::Reserve(scan_reserve_fields(&mut s)?)
+        }
+        "complete_batch" => {
+            s.lit(b", \"items\": ")?;
+            let items = s.list(|s| {
+                s.lit(b"{\"transfer_id\": ")?;
+                let transfer_id = s.str()?;
+                s.lit(b", \"reservation_id\": ")?;
+                let reservation_id = s.str()?;
+                s.lit(b"}")?;
+                Some((transfer_id, reservation_id))
+            })?;
+            s.lit(b"}")?;
+            (items.len() <= max_batch_items).then_some(Decoded::CompleteBatch(items))?
         }
         "complete" => {
             s.lit(b", ")?;
-            Request::Complete(Ok(scan_complete(&mut s)?))
+            Decoded::Other(Request::Complete(Ok(scan_complete(&mut s)?)))
         }
         "reserve_batch" => {
             s.lit(b", \"items\": ")?;
@@ -153,22 +205,13 @@ pub fn decode_request_fast(frame: &[u8], max_batch_items: usize) -> Option<Reque
                 scan_reserve(s).map(Ok)
             })?;
             s.lit(b"}")?;
-            (items.len() <= max_batch_items).then_some(Request::ReserveBatch(items))?
-        }
-        "complete_batch" => {
-            s.lit(b", \"items\": ")?;
-            let items = s.list(|s| {
-                s.lit(b"{")?;
-                scan_complete(s).map(Ok)
-            })?;
-            s.lit(b"}")?;
-            (items.len() <= max_batch_items).then_some(Request::CompleteBatch(items))?
+            (items.len() <= max_batch_items).then_some(Decoded::Other(Request::ReserveBatch(items)))?
         }
         "status" => {
             s.lit(b", \"transfer_id\": ")?;
             let transfer_id = s.str()?.to_owned();
             s.lit(b"}")?;
-            Request::Status { transfer_id }
+            Decoded::Other(Request::Status { transfer_id })
         }
         "cancel" => {
             s.lit(b", \"transfer_id\": ")?;
@@ -178,15 +221,15 @@ pub fn decode_request_fast(frame: &[u8], max_batch_items: usize) -> Option<Reque
             let abandon = if s.eat(b", \"abandon\": ") { s.bool()? } else { false };
             let refresh = if s.eat(b", \"refresh\": ") { s.bool()? } else { false };
             s.lit(b"}")?;
-            Request::Cancel { transfer_id, reservation_id, abandon, refresh }
+            Decoded::Other(Request::Cancel { transfer_id, reservation_id, abandon, refresh })
         }
         "peers" => {
             s.lit(b"}")?;
-            Request::Peers
+            Decoded::Other(Request::Peers)
         }
         "event_port" => {
             s.lit(b"}")?;
-            Request::EventPort
+            Decoded::Other(Request::EventPort)
         }
         _ => return None,
     };
@@ -233,17 +276,6 @@ impl ScannedReserve<'_> {
     }
 }
 
-/// A `reserve` request frame in the clients' exact layout whose payload is valid, read
-/// without allocating; `None` for anything else. Whatever it returns,
-/// [`decode_request_general`] returns too (as `Request::Reserve(Ok(..))`).
-pub fn scan_reserve_request(frame: &[u8]) -> Option<ScannedReserve<'_>> {
-    let mut s = Scan::new(frame);
-    s.lit(b"{\"op\": \"reserve\", ")?;
-    let request = scan_reserve_fields(&mut s)?;
-    s.end()?;
-    Some(request)
-}
-
 /// `"transfer_id": .., "mm_hash": .., "nbytes": .., "shape": [..], "dtype": ..}` of a
 /// valid reserve payload (the caller has read the opening brace, or the op and its
 /// separator).
@@ -277,26 +309,6 @@ fn scan_reserve_fields<'a>(s: &mut Scan<'a>) -> Option<ScannedReserve<'a>> {
 /// [`scan_reserve_fields`] into an owned request.
 fn scan_reserve(s: &mut Scan<'_>) -> Option<ReserveRequest> {
     scan_reserve_fields(s).map(|r| r.to_request())
-}
-
-/// The `(transfer_id, reservation_id)` items of a `complete_batch` frame in the clients'
-/// exact layout, borrowed from the frame, or `None`. Whatever it returns,
-/// [`decode_request_general`] decodes as `Request::CompleteBatch` of the same ids, every
-/// item valid: it is [`decode_request_fast`] for this one op without a `String` per id.
-pub fn scan_complete_batch(frame: &[u8], max_batch_items: usize) -> Option<Vec<(&str, &str)>> {
-    let mut s = Scan::new(frame);
-    s.lit(b"{\"op\": \"complete_batch\", \"items\": ")?;
-    let items = s.list(|s| {
-        s.lit(b"{\"transfer_id\": ")?;
-        let transfer_id = s.str()?;
-        s.lit(b", \"reservation_id\": ")?;
-        let reservation_id = s.str()?;
-        s.lit(b"}")?;
-        Some((transfer_id, reservation_id))
-    })?;
-    s.lit(b"}")?;
-    s.end()?;
-    (items.len() <= max_batch_items).then_some(items)
 }
 
 /// `"transfer_id": .., "reservation_id": ..}` (after the opening brace, or the op and
