@@ -38,11 +38,7 @@ fn echo(port: u16) -> Proc {
 
 /// Turns `node` until `want` picks an event (15 s at most); returns what it picked and
 /// every event seen up to it.
-fn until<T>(
-    node: &mut ManagerLoop,
-    what: &str,
-    mut want: impl FnMut(&PeerEvent) -> Option<T>,
-) -> (T, Vec<PeerEvent>) {
+fn until<T>(node: &mut ManagerLoop, what: &str, mut want: impl FnMut(&PeerEvent) -> Option<T>) -> (T, Vec<PeerEvent>) {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut seen = Vec::new();
     loop {

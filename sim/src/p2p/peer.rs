@@ -375,7 +375,11 @@ impl Peer {
                 }
                 PeerEvent::Message { peer, session, message } => self.on_message(&peer, session, message),
                 PeerEvent::Down { peer, session, reason } => {
-                    trace::record(&self.name, "p2p.dead", &[("peer", &peer), ("session", &session), ("reason", &reason)]);
+                    trace::record(
+                        &self.name,
+                        "p2p.dead",
+                        &[("peer", &peer), ("session", &session), ("reason", &reason)],
+                    );
                     ledger::gone(&self.name, host_of(&peer));
                 }
                 PeerEvent::SendFailed { peer, error } => {

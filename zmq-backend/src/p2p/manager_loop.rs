@@ -30,12 +30,7 @@ impl ManagerLoop<OsRng> {
     /// Binds the ROUTER at `tcp://host:port` (port 0 picks a free one; the local id is
     /// `host:port` with the real port) and starts a manager whose sessions announce
     /// `session` (its `local_id` is replaced). Backoffs draw from the OS.
-    pub fn bind(
-        host: &str,
-        port: u16,
-        options: TransportOptions,
-        session: SessionConfig,
-    ) -> Result<Self, P2pError> {
+    pub fn bind(host: &str, port: u16, options: TransportOptions, session: SessionConfig) -> Result<Self, P2pError> {
         Self::bind_with(host, port, options, session, ManagerRegressions::default(), OsRng)
     }
 }
@@ -114,10 +109,7 @@ impl<R: RngCore> ManagerLoop<R> {
     /// its actions. Events are then in [`Self::poll_event`].
     pub fn turn(&mut self, max_wait: Duration) -> Result<(), P2pError> {
         let now = self.clock.now();
-        let wait = self
-            .manager
-            .poll_timeout()
-            .map_or(max_wait, |at| at.saturating_duration_since(now).min(max_wait));
+        let wait = self.manager.poll_timeout().map_or(max_wait, |at| at.saturating_duration_since(now).min(max_wait));
         let connections = self.manager.registry().iter_connections().map(|(_, c, a)| (c, a));
         self.sockets.wait(connections, wait)?;
         self.sockets.gather(self.manager.local_id(), self.manager.registry().iter_connections());

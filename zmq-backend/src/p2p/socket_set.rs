@@ -88,9 +88,7 @@ impl SocketSet {
     }
 
     /// The current poll's ROUTER messages (with their source addresses) and monitor events.
-    pub fn batch(
-        &self,
-    ) -> (impl Iterator<Item = (&[zmq::Message], Option<&str>)> + '_, &[(ConnId, MonitorEvent)]) {
+    pub fn batch(&self) -> (impl Iterator<Item = (&[zmq::Message], Option<&str>)> + '_, &[(ConnId, MonitorEvent)]) {
         (self.inbound.messages(), &self.monitor_events)
     }
 
@@ -145,11 +143,7 @@ impl SocketSet {
 
     /// Blocks until the ROUTER or a live connection's monitor is readable, or `timeout`
     /// passes; `Ok(true)` if something is readable.
-    pub fn wait(
-        &self,
-        connections: impl Iterator<Item = (ConnId, bool)>,
-        timeout: Duration,
-    ) -> Result<bool, P2pError> {
+    pub fn wait(&self, connections: impl Iterator<Item = (ConnId, bool)>, timeout: Duration) -> Result<bool, P2pError> {
         let Some(router) = &self.router else { return Ok(false) };
         let mut items = vec![router.as_poll_item(zmq::POLLIN)];
         for (conn, alive) in connections {

@@ -4,11 +4,11 @@
 use crate::p2p_json;
 use crate::security::PeerCurve;
 use clap::{Args, Subcommand};
-use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
-use ctlplane_core::p2p::{AllowEntry, PeerCheck, PeerCheckMode};
 use ctlplane_core::p2p::defaults::HANDSHAKE_TIMEOUT;
+use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
 use ctlplane_core::p2p::session::SessionConfig;
 use ctlplane_core::p2p::PeerEvent;
+use ctlplane_core::p2p::{AllowEntry, PeerCheck, PeerCheckMode};
 use ctlplane_zmq::{ManagerLoop, TransportOptions, ZmqTransport};
 use std::error::Error;
 use std::io::Write;
@@ -124,7 +124,9 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     match args.op {
-        Op::Echo { host, port, log_payload, w1: false, limits, .. } => echo(&host, port, log_payload, limits.options()?),
+        Op::Echo { host, port, log_payload, w1: false, limits, .. } => {
+            echo(&host, port, log_payload, limits.options()?)
+        }
         Op::Echo { host, port, log_payload, w1: true, peers, block_len, hash_seed, limits } => {
             let session = SessionConfig {
                 local_id: String::new(),
