@@ -113,8 +113,7 @@ impl<R: RngCore> ManagerLoop<R> {
         let connections = self.manager.registry().iter_connections().map(|(_, c, a)| (c, a));
         self.sockets.wait(connections, wait)?;
         self.sockets.gather(self.manager.local_id(), self.manager.registry().iter_connections());
-        let (router, monitor) = self.sockets.batch();
-        self.manager.handle_frames(router, monitor);
+        self.manager.handle_frames(self.sockets.router_batch(), self.sockets.monitor_batch());
         self.sockets.clear_batch();
         self.carry_out();
         self.manager.handle_tick(self.clock.now());

@@ -87,9 +87,14 @@ impl SocketSet {
         }
     }
 
-    /// The current poll's ROUTER messages (with their source addresses) and monitor events.
-    pub fn batch(&self) -> (impl Iterator<Item = (&[zmq::Message], Option<&str>)> + '_, &[(ConnId, MonitorEvent)]) {
-        (self.inbound.messages(), &self.monitor_events)
+    /// The current poll's ROUTER messages, each with its source address.
+    pub fn router_batch(&self) -> impl Iterator<Item = (&[zmq::Message], Option<&str>)> + '_ {
+        self.inbound.messages()
+    }
+
+    /// The current poll's monitor events.
+    pub fn monitor_batch(&self) -> &[(ConnId, MonitorEvent)] {
+        &self.monitor_events
     }
 
     /// Empties the current poll's batch.

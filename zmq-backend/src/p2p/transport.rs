@@ -181,8 +181,7 @@ impl ZmqTransport {
             return Vec::new();
         }
         self.sockets.gather(&self.registry.config().local_id, self.registry.iter_connections());
-        let (router, monitor) = self.sockets.batch();
-        let accepted = self.registry.poll_frames(router, monitor);
+        let accepted = self.registry.poll_frames(self.sockets.router_batch(), self.sockets.monitor_batch());
         self.sockets.clear_batch();
         if let Err(error) = self.carry_out() {
             tracing::warn!(%error, "P2P connection not opened");

@@ -460,10 +460,9 @@ impl<R: RngCore> PeerManager<R> {
     /// Hands what `peer`'s session queued to the registry; a refused send kills the
     /// session. A dead session is flushed too, so its best-effort Disconnect goes out.
     fn flush(&mut self, peer: &str) {
-        loop {
-            let Some(s) = self.sessions.get_mut(peer) else { break };
-            let Some(frame) = s.session.poll_transmit() else { break };
-            let conn = s.conn;
+        while let Some((frame, conn)) =
+            self.sessions.get_mut(peer).and_then(|s| s.session.poll_transmit().map(|f| (f, s.conn)))
+        {
             if self.registry.conn_id(peer) != Some(conn) {
                 continue;
             }
