@@ -37,7 +37,7 @@ pub struct Regressions {
     pub push: PushRegressions,
     /// `RegistryConfig::t0`.
     pub t0: T0Switches,
-    /// The argument of `p2p::manager::admit`.
+    /// `p2p::manager::ManagerConfig::regressions` (the argument of `p2p::manager::admit`).
     pub manager: ManagerRegressions,
 }
 

@@ -1,6 +1,6 @@
-//! P2P peers in the simulated world: each runs the mainline transport (core
-//! `ConnectionRegistry`) and W1 handshake sessions (core `HandshakeSession`) over the ZeroMQ
-//! model, connects to every other peer and keeps a seeded stream of requests going.
+//! P2P peers in the simulated world: each drives the core's `PeerManager` (the mainline
+//! transport's `ConnectionRegistry` and W1 `HandshakeSession`s) over the ZeroMQ model,
+//! connects to every other peer and keeps a seeded stream of requests going.
 //!
 //! The oracles of this world:
 //! - `dealer-closed-once`, `monitor-closed-once`: every DEALER and monitor PAIR a peer

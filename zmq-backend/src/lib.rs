@@ -25,7 +25,7 @@ pub use clock::Clock;
 pub use ctlplane_core::ec::reserve_outcome::{ReserveGrant, ReserveOutcome};
 pub use curve::{CurveClient, CurveError, CurveServer, KeyPair};
 pub use inbox::{DrainCounts, Drained, EventInbox};
-pub use p2p::{P2pError, TransportOptions, ZmqTransport};
+pub use p2p::{ManagerLoop, P2pError, TransportOptions, ZmqTransport};
 pub use replica::ConsumerServers;
 pub use requests::{make_cancel_request, Completion, ReserveSpec};
 pub use server::{BindCause, ConsumerControlServer, ServerOptions, SetupCause, StartError, DEFAULT_MAX_REQUEST_BYTES};

@@ -1,10 +1,11 @@
-//! One simulated P2P peer: the mainline transport driver (`zmq-backend`'s `ZmqTransport`
-//! and `session_io`) and a manager tick, over the simulator's ZeroMQ model.
+//! One simulated P2P peer: the driver of the core's [`PeerManager`] (as `zmq-backend`'s
+//! manager loop drives it over libzmq) over the simulator's ZeroMQ model.
 //!
-//! Every decision is the core's: the [`ConnectionRegistry`] decides who is registered,
-//! swept and accepted; each [`HandshakeSession`] decides the handshake and what to send.
-//! The peer gathers what its sockets hold, carries out the registry's actions, feeds the
-//! sessions, and plays a small application on top: seeded lookups and fetches to every
+//! Every decision is the core's: the manager's registry decides who is registered, swept
+//! and accepted, its sessions the handshake and what to send, the manager itself the tick
+//! order, admission, reaping and reconnects. The peer gathers what its sockets hold,
+//! carries out the manager's actions, reports the ones that failed, injects faults, and
+//! plays a small application on top: seeded lookups and fetches to every
 //! other peer, answered with lookup responses and transfer completions, so that a pair
 //! that stops talking is noticed.
 
@@ -13,14 +14,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ctlplane_core::p2p::defaults::{HANDSHAKE_TIMEOUT, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
-use ctlplane_core::p2p::manager::{admit, Admission, Existing, ManagerRegressions};
+use ctlplane_core::p2p::manager::{ManagerConfig, ManagerRegressions, PeerEvent, PeerManager, SessionId};
 use ctlplane_core::p2p::messages::Message;
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::Direction;
-use ctlplane_core::p2p::session::{DeathReason, HandshakeSession, SessionConfig, SessionEvent};
-use ctlplane_core::p2p::{
-    value, Action, ConnId, ConnectionRegistry, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError,
-};
+use ctlplane_core::p2p::session::SessionConfig;
+use ctlplane_core::p2p::{value, Action, ConnId, MonitorEvent, PollInput, RegistryConfig, T0Switches};
 use ctlplane_core::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -58,7 +57,7 @@ pub struct PeerSettings {
     pub max_peers: Option<usize>,
     /// Reconnect within the tick that reaped the session.
     pub immediate_reconnect: bool,
-    /// The argument of `p2p::manager::admit`.
+    /// `ManagerConfig::regressions`.
     pub manager: ManagerRegressions,
 }
 
@@ -111,16 +110,10 @@ struct Dealer {
     pair: Socket,
 }
 
-/// A session and the connection it was attached to.
-struct Sess {
-    session: HandshakeSession,
-    conn: ConnId,
-    /// Run-unique number, for traces.
-    id: u64,
-    /// Our requests still unanswered, by `kv_request_id`.
-    outstanding: BTreeSet<String>,
-    /// It died of a protocol error, so its Disconnect is on the way out.
-    sent_disconnect: bool,
+/// The application's requests to one session still unanswered, by `kv_request_id`.
+struct Outstanding {
+    session: SessionId,
+    requests: BTreeSet<String>,
 }
 
 struct Peer {
@@ -128,17 +121,15 @@ struct Peer {
     inc: u32,
     ctx: Context,
     router: Socket,
-    registry: ConnectionRegistry,
+    /// Every decision: registry, sessions, admission, reaping, reconnects.
+    manager: PeerManager<ChaCha8Rng>,
     dealers: BTreeMap<ConnId, Dealer>,
     /// By peer id.
-    sessions: BTreeMap<String, Sess>,
-    /// Peers to (re)connect to, and from when.
-    reconnect_at: BTreeMap<String, Instant>,
+    outstanding: BTreeMap<String, Outstanding>,
+    /// The application's traffic stream.
     rng: ChaCha8Rng,
-    next_session: u64,
     next_request: u64,
     next_traffic: Instant,
-    settings: PeerSettings,
     /// The topology's peers (a flood's unreachable peers are not reconnected).
     known: BTreeSet<String>,
     /// DEALERs a forged-identity fault opened from this host (kept open, as an attacker's).
@@ -146,6 +137,34 @@ struct Peer {
     /// An error escaped into the engine loop: the mainline manager has no error boundary
     /// around the transport (the one of PR #51504 comes with `max_peers`), so EngineCore dies.
     fatal: Option<String>,
+}
+
+/// The manager's configuration for host `name`: the mainline manager (errors escape) with
+/// the run's switches and knobs.
+fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
+    let mut registry = RegistryConfig::new(peer_id(name));
+    registry.t0 = cfg.t0;
+    registry.max_peers = cfg.settings.max_peers;
+    let session = SessionConfig {
+        local_id: String::new(),
+        agent_metadata: format!("agent-{name}-{inc}").into_bytes(),
+        base_addr: 0x1000_0000,
+        num_blocks: 1024,
+        block_len: 4096,
+        config_fingerprint: String::new(),
+        hash_seed: "0".into(),
+        // W1+: a session whose Connect went unanswered dies after 30 s instead of
+        // stalling forever (race S5), so the pair reconnects. Mainline W1 has none.
+        handshake_timeout: (!cfg.settings.no_handshake_deadline).then_some(HANDSHAKE_TIMEOUT),
+        silent_connect_rejection: false,
+    };
+    ManagerConfig {
+        regressions: cfg.settings.manager,
+        immediate_reconnect: cfg.settings.immediate_reconnect,
+        errors_escape: true,
+        first_session: u64::from(inc) << 32,
+        ..ManagerConfig::new(registry, session)
+    }
 }
 
 /// The host program: binds, connects to every other peer, then ticks until the host is
@@ -158,26 +177,26 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
     router.bind(&format!("tcp://{name}:{PORT}")).await.map_err(|e| format!("{name}: cannot bind ROUTER: {e}"))?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ name_hash(&name));
     rng.set_stream(u64::from(inc));
+    // The manager's backoffs draw from their own stream of the same seed.
+    let mut manager_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ name_hash(&name));
+    manager_rng.set_stream(u64::from(inc) | (1 << 63));
     let now = clock::now();
-    let mut config = RegistryConfig::new(peer_id(&name));
-    config.t0 = cfg.t0;
-    config.max_peers = cfg.settings.max_peers;
-    let reconnect_at = cfg.peers.iter().filter(|p| **p != name).map(|p| (peer_id(p), now)).collect();
-    let known = cfg.peers.iter().filter(|p| **p != name).map(|p| peer_id(p)).collect();
+    let mut manager = PeerManager::new(manager_config(&cfg, &name, inc), manager_rng);
+    let known: BTreeSet<String> = cfg.peers.iter().filter(|p| **p != name).map(|p| peer_id(p)).collect();
+    for p in &known {
+        manager.keep_connected(p, now);
+    }
     let mut peer = Peer {
         name: name.clone(),
         inc,
         ctx,
         router,
-        registry: ConnectionRegistry::new(config),
+        manager,
         dealers: BTreeMap::new(),
-        sessions: BTreeMap::new(),
-        reconnect_at,
-        next_session: u64::from(inc) << 32,
+        outstanding: BTreeMap::new(),
         next_request: 0,
         next_traffic: now + Duration::from_millis(rng.gen_range(100..600)),
         rng,
-        settings: cfg.settings,
         known,
         forged: Vec::new(),
         fatal: None,
@@ -193,11 +212,11 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         peer.tick().await;
         let took = clock::now().saturating_duration_since(started);
         if took > MAX_TICK {
-            let starved: Vec<&str> = peer.sessions.keys().map(String::as_str).collect();
+            let starved = peer.manager.session_peers().join(", ");
             oracle::violate(
                 "p2p-progress",
                 &name,
-                format!("one manager tick took {took:?}: sessions with {} made no progress", starved.join(", ")),
+                format!("one manager tick took {took:?}: sessions with {starved} made no progress"),
             );
         }
         if peer.fatal.is_some() {
@@ -213,32 +232,21 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
     // EngineCore died: the process's sockets go with it and nothing answers any more.
     let error = peer.fatal.clone().unwrap_or_default();
     trace::record(&name, "p2p.engine_crash", &[("error", &error)]);
-    for p in peer.sessions.keys() {
-        ledger::gone(&name, host_of(p));
+    for p in peer.manager.session_peers() {
+        ledger::gone(&name, host_of(&p));
     }
     drop(peer);
     std::future::pending().await
 }
 
 impl Peer {
-    /// One manager tick: transport poll, sessions, application, reconnects.
+    /// One manager tick: the sockets' poll, the manager's tick, then the application and
+    /// the faults.
     async fn tick(&mut self) {
         let now = clock::now();
-        let accepted = self.poll_transport().await;
-        // A session whose connection was swept or replaced lost it.
-        for (peer, s) in &mut self.sessions {
-            let same = self.registry.conn_id(peer) == Some(s.conn) && self.registry.is_alive(peer);
-            if s.session.is_alive() && !same {
-                s.session.connection_lost();
-            }
-        }
-        self.drain_events();
-        // The mainline manager's tick: accept, session polls, reap. A session that died
-        // since the last reap is still held when its peer's replacement is accepted;
-        // `admit` decides whether it is reaped first (race S6).
-        self.accept(accepted, now);
-        self.drive_sessions(now).await;
-        self.reap(now);
+        self.poll_transport(now).await;
+        self.manager.handle_tick(now);
+        self.settle().await;
         if let Some(n) = faults::take_flood(&self.name) {
             self.flood(n, now).await;
         }
@@ -252,16 +260,16 @@ impl Peer {
             self.traffic().await;
             self.next_traffic = now + Duration::from_millis(self.rng.gen_range(200..800));
         }
-        self.reconnect(now).await;
-        let conns: BTreeSet<ConnId> = self.registry.connections().into_iter().map(|(_, c, _)| c).collect();
+        let conns: BTreeSet<ConnId> = self.manager.registry().iter_connections().map(|(_, c, _)| c).collect();
         ledger::registered(&self.name, self.inc, &conns);
     }
 
     /// Gathers the ROUTER's messages and each live connection's monitor events (up to its
-    /// first fatal one), lets the registry decide, carries out its actions and sets up sessions for accepted peers.
-    async fn poll_transport(&mut self) -> Vec<String> {
+    /// first fatal one), hands them to the manager and carries out its actions.
+    async fn poll_transport(&mut self, now: Instant) {
+        let registry = self.manager.registry();
         let before: BTreeMap<String, (ConnId, bool)> =
-            self.registry.connections().into_iter().map(|(p, c, a)| (p, (c, a))).collect();
+            registry.iter_connections().map(|(p, c, a)| (p.to_string(), (c, a))).collect();
         let mut input = PollInput::default();
         loop {
             match self.router.try_recv_with_peer() {
@@ -278,7 +286,7 @@ impl Peer {
                 }
             }
         }
-        for (_, conn, alive) in self.registry.connections() {
+        for (_, conn, alive) in registry.iter_connections() {
             let Some(d) = self.dealers.get(&conn).filter(|_| alive) else { continue };
             while let Ok(msg) = d.pair.try_recv() {
                 let Some((event, _, _)) = monitor::decode(&msg) else { continue };
@@ -302,16 +310,16 @@ impl Peer {
                 }
             }
         }
-        let refused_before = self.registry.stats().messages_refused;
-        let accepted = self.registry.poll(input);
-        let refused = self.registry.stats().messages_refused - refused_before;
+        let refused_before = registry.stats().messages_refused;
+        self.manager.handle_sockets(input, now);
+        let refused = self.manager.registry().stats().messages_refused - refused_before;
         if refused > 0 {
             trace::record(&self.name, "p2p.refused", &[("messages", &refused)]);
         }
-        // A poll queues opens and closes only; a failed open retires its connection itself.
-        let _ = self.carry_out().await;
+        self.carry_out().await;
+        let registry = self.manager.registry();
         for (id, (old, n)) in reconnecting {
-            let fresh = self.registry.conn_id(&id).is_some_and(|c| c != old) && self.registry.is_alive(&id);
+            let fresh = registry.conn_id(&id).is_some_and(|c| c != old) && registry.is_alive(&id);
             if !fresh {
                 oracle::violate(
                     "p2p-message-lost",
@@ -320,149 +328,85 @@ impl Peer {
                 );
             }
         }
-        accepted
     }
 
-    /// A session for every newly accepted inbound peer, as `manager::admit` decides given
-    /// the session held for it; its first messages are already in the registry's buffer.
-    fn accept(&mut self, accepted: Vec<String>, now: Instant) {
-        for peer in accepted {
-            let Some(conn) = self.registry.conn_id(&peer) else { continue };
-            let existing = match self.sessions.get(&peer) {
-                None => Existing::None,
-                Some(s) if s.session.is_alive() => Existing::Alive,
-                Some(_) => Existing::Dead,
-            };
-            match admit(existing, &self.settings.manager) {
-                Admission::Open => {}
-                Admission::ReplaceDead => {
-                    if let Some(old) = self.sessions.remove(&peer) {
-                        trace::record(&self.name, "p2p.reap", &[("peer", &peer), ("session", &old.id)]);
-                    }
+    /// Traces what the manager reports, keeps the ledger, and plays the application;
+    /// returns how many events there were.
+    fn drain_events(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(event) = self.manager.poll_event() {
+            n += 1;
+            match event {
+                PeerEvent::Connecting { peer, conn, session } => {
+                    trace::record(&self.name, "p2p.connect", &[("peer", &peer), ("conn", &conn)]);
+                    self.new_session(&peer, conn, session);
                 }
-                Admission::RefuseDuplicate => {
-                    let old = self.sessions.get(&peer).map_or(0, |s| s.id);
-                    // The newcomer is closed ("duplicate connection"), its first message with it.
+                PeerEvent::Accepted { peer, conn, session } => {
+                    trace::record(&self.name, "p2p.accept", &[("peer", &peer), ("conn", &conn)]);
+                    self.new_session(&peer, conn, session);
+                }
+                PeerEvent::ConnectRefused { peer, error } => {
+                    trace::record(&self.name, "p2p.connect_refused", &[("peer", &peer), ("error", &error)]);
+                }
+                PeerEvent::DuplicateRefused { peer, holder } => {
+                    // The newcomer was closed ("duplicate connection"), its first message with it.
                     oracle::violate(
                         "p2p-message-lost",
                         &self.name,
-                        format!("inbound connection from {peer} refused: session {old} still holds the peer"),
+                        format!("inbound connection from {peer} refused: session {holder} still holds the peer"),
                     );
-                    self.registry.close(&peer);
-                    continue;
                 }
-            }
-            trace::record(&self.name, "p2p.accept", &[("peer", &peer), ("conn", &conn)]);
-            self.open_session(peer, conn, now);
-        }
-    }
-
-    fn open_session(&mut self, peer: String, conn: ConnId, now: Instant) {
-        let config = SessionConfig {
-            local_id: self.registry.config().local_id.clone(),
-            agent_metadata: format!("agent-{}-{}", self.name, self.inc).into_bytes(),
-            base_addr: 0x1000_0000,
-            num_blocks: 1024,
-            block_len: 4096,
-            config_fingerprint: String::new(),
-            hash_seed: "0".into(),
-            // W1+: a session whose Connect went unanswered dies after 30 s instead of
-            // stalling forever (race S5), so the pair reconnects. Mainline W1 has none.
-            handshake_timeout: (!self.settings.no_handshake_deadline).then_some(HANDSHAKE_TIMEOUT),
-            silent_connect_rejection: false,
-        };
-        let mut session = HandshakeSession::new(peer.clone(), config);
-        // A new session is pending, never dead: attach cannot fail.
-        let _ = session.attach(now);
-        let id = self.next_session;
-        self.next_session += 1;
-        trace::record(&self.name, "p2p.session", &[("peer", &peer), ("conn", &conn), ("session", &id)]);
-        self.reconnect_at.remove(&peer);
-        self.sessions.insert(peer, Sess { session, conn, id, outstanding: BTreeSet::new(), sent_disconnect: false });
-    }
-
-    /// Feeds every session what arrived for it, its deadline, then sends what it queued.
-    async fn drive_sessions(&mut self, now: Instant) {
-        let peers: Vec<String> = self.sessions.keys().cloned().collect();
-        for peer in peers {
-            let msgs = self.registry.recv(&peer);
-            if let Some(s) = self.sessions.get_mut(&peer) {
-                for m in &msgs {
-                    s.session.handle_message(m);
-                }
-                s.session.handle_timeout(now);
-            }
-            self.drain_events();
-            self.flush(&peer).await;
-            if let Some(s) = self.sessions.get(&peer) {
-                if !s.session.is_alive() {
-                    self.registry.mark_dead_conn(&peer, s.conn);
-                }
-            }
-        }
-    }
-
-    /// Sends what `peer`'s session queued; a failed send kills the session. A dead session
-    /// is flushed too, so its best-effort Disconnect goes out.
-    async fn flush(&mut self, peer: &str) {
-        loop {
-            let Some(s) = self.sessions.get_mut(peer) else { return };
-            let Some(frame) = s.session.poll_transmit() else { return };
-            let conn = s.conn;
-            if self.registry.conn_id(peer) != Some(conn) {
-                continue;
-            }
-            let result = match self.registry.send(peer, &frame) {
-                Ok(()) => self.carry_out().await,
-                Err(e) => Err(e.to_string()),
-            };
-            if let Err(error) = result {
-                trace::record(&self.name, "p2p.send_failed", &[("peer", &peer), ("error", &error)]);
-                if let Some(s) = self.sessions.get_mut(peer) {
-                    s.session.send_failed(&error);
-                }
-                // As the reference's `_do_send`: the connection is marked dead at once.
-                self.registry.mark_dead_conn(peer, conn);
-            }
-        }
-    }
-
-    /// Handles every session's events: handshake progress, role messages, deaths.
-    fn drain_events(&mut self) {
-        let peers: Vec<String> = self.sessions.keys().cloned().collect();
-        for peer in peers {
-            while let Some((event, sid)) =
-                self.sessions.get_mut(&peer).and_then(|s| s.session.poll_event().map(|e| (e, s.id)))
-            {
-                let host = host_of(&peer).to_string();
-                match event {
-                    SessionEvent::PeerConnected(c) => {
-                        trace::record(&self.name, "p2p.peer_connected", &[("peer", &c.peer_id), ("session", &sid)]);
+                PeerEvent::Reaped { peer, session } => {
+                    trace::record(&self.name, "p2p.reap", &[("peer", &peer), ("session", &session)]);
+                    if self.outstanding.get(&peer).is_some_and(|o| o.session == session) {
+                        self.outstanding.remove(&peer);
                     }
-                    SessionEvent::Ready => {
-                        trace::record(&self.name, "p2p.ready", &[("peer", &peer), ("session", &sid)]);
-                        ledger::ready(&self.name, &host);
-                    }
-                    SessionEvent::Dead(reason) => {
-                        if let (DeathReason::Protocol(_), Some(s)) = (&reason, self.sessions.get_mut(&peer)) {
-                            s.sent_disconnect = true;
-                        }
-                        trace::record(
-                            &self.name,
-                            "p2p.dead",
-                            &[("peer", &peer), ("session", &sid), ("reason", &reason)],
-                        );
-                        ledger::gone(&self.name, &host);
-                    }
-                    SessionEvent::Message(m) => self.on_message(&peer, m),
+                }
+                PeerEvent::PeerConnected { session, connect, .. } => {
+                    trace::record(
+                        &self.name,
+                        "p2p.peer_connected",
+                        &[("peer", &connect.peer_id), ("session", &session)],
+                    );
+                }
+                PeerEvent::Ready { peer, session } => {
+                    trace::record(&self.name, "p2p.ready", &[("peer", &peer), ("session", &session)]);
+                    ledger::ready(&self.name, host_of(&peer));
+                }
+                PeerEvent::Message { peer, session, message } => self.on_message(&peer, session, message),
+                PeerEvent::Down { peer, session, reason } => {
+                    trace::record(
+                        &self.name,
+                        "p2p.dead",
+                        &[("peer", &peer), ("session", &session), ("reason", &reason)],
+                    );
+                    ledger::gone(&self.name, host_of(&peer));
+                }
+                PeerEvent::SendFailed { peer, error } => {
+                    trace::record(&self.name, "p2p.send_failed", &[("peer", &peer), ("error", &error)]);
+                }
+                PeerEvent::OpenFailed { peer, conn, error } => {
+                    trace::record(
+                        &self.name,
+                        "p2p.dealer_open_failed",
+                        &[("peer", &peer), ("conn", &conn), ("error", &error)],
+                    );
+                }
+                PeerEvent::Fatal(error) => {
+                    self.fatal.get_or_insert(error);
                 }
             }
         }
+        n
+    }
+
+    fn new_session(&mut self, peer: &str, conn: ConnId, session: SessionId) {
+        trace::record(&self.name, "p2p.session", &[("peer", &peer), ("conn", &conn), ("session", &session)]);
+        self.outstanding.insert(peer.to_string(), Outstanding { session, requests: BTreeSet::new() });
     }
 
     /// The application: answer requests, match responses.
-    fn on_message(&mut self, peer: &str, m: Message) {
-        let Some(s) = self.sessions.get_mut(peer) else { return };
+    fn on_message(&mut self, peer: &str, session: SessionId, m: Message) {
         let reply = match m {
             Message::Lookup { kv_request_id, keys, .. } => {
                 let hits = keys.iter().map(|k| k.first().is_some_and(|b| b % 2 == 0)).collect();
@@ -473,9 +417,14 @@ impl Peer {
             }
             Message::AbortFetch { kv_request_id, round_seq } => Some(Message::AbortAck { kv_request_id, round_seq }),
             Message::LookupResp { kv_request_id, .. } | Message::TransferDone { kv_request_id, .. } => {
-                if s.outstanding.remove(&kv_request_id) {
+                let asked = self
+                    .outstanding
+                    .get_mut(peer)
+                    .filter(|o| o.session == session)
+                    .is_some_and(|o| o.requests.remove(&kv_request_id));
+                if asked {
                     trace::record(&self.name, "p2p.response", &[("peer", &peer), ("kv", &kv_request_id)]);
-                    if s.session.is_ready() {
+                    if self.manager.is_ready(peer) {
                         ledger::responded(&self.name, host_of(peer));
                     }
                 } else {
@@ -485,78 +434,10 @@ impl Peer {
             }
             _ => None,
         };
-        s.session.dispatch_ok();
+        self.manager.dispatch_ok(peer, session);
         if let Some(r) = reply {
             // A session that died on an earlier message of this batch refuses: nothing to do.
-            let _ = s.session.send(r);
-        }
-    }
-
-    /// Removes dead sessions (their connection is marked dead, so the next poll sweeps
-    /// it) and schedules a reconnect to the peer.
-    fn reap(&mut self, now: Instant) {
-        let dead: Vec<String> =
-            self.sessions.iter().filter(|(_, s)| !s.session.is_alive()).map(|(p, _)| p.clone()).collect();
-        for peer in dead {
-            if let Some(s) = self.sessions.remove(&peer) {
-                self.registry.mark_dead_conn(&peer, s.conn);
-                trace::record(&self.name, "p2p.reap", &[("peer", &peer), ("session", &s.id)]);
-                if !self.known.contains(&peer) {
-                    continue;
-                }
-                // A Disconnect just queued would go down with a DEALER retired at once
-                // (linger 0): after a protocol error the usual backoff lets it out.
-                let backoff = if self.settings.immediate_reconnect && !s.sent_disconnect {
-                    Duration::ZERO
-                } else {
-                    Duration::from_millis(self.rng.gen_range(200..1_000))
-                };
-                self.reconnect_at.insert(peer, now + backoff);
-            }
-        }
-    }
-
-    /// Opens an outbound connection and session to every peer whose reconnect is due.
-    async fn reconnect(&mut self, now: Instant) {
-        let due: Vec<String> = self
-            .reconnect_at
-            .iter()
-            .filter(|(p, t)| **t <= now && !self.sessions.contains_key(*p))
-            .map(|(p, _)| p.clone())
-            .collect();
-        for peer in due {
-            self.connect_to(peer, now, true).await;
-            if self.fatal.is_some() {
-                return;
-            }
-        }
-    }
-
-    /// Opens an outbound connection and session to `peer`. A refused connect is retried
-    /// after a backoff when `retry`; a duplicate live registration or a DEALER that cannot
-    /// be opened is an error the mainline manager does not catch.
-    async fn connect_to(&mut self, peer: String, now: Instant, retry: bool) {
-        match self.registry.connect(&peer) {
-            Ok(conn) => {
-                let _ = self.carry_out().await;
-                if self.fatal.is_some() || self.registry.conn_id(&peer) != Some(conn) {
-                    return;
-                }
-                trace::record(&self.name, "p2p.connect", &[("peer", &peer), ("conn", &conn)]);
-                self.open_session(peer.clone(), conn, now);
-                self.flush(&peer).await;
-            }
-            Err(e @ TransportError::AlreadyExists(_)) => {
-                trace::record(&self.name, "p2p.connect_refused", &[("peer", &peer), ("error", &e)]);
-                self.fatal = Some(format!("connect to {peer}: {e}"));
-            }
-            Err(e) => {
-                trace::record(&self.name, "p2p.connect_refused", &[("peer", &peer), ("error", &e)]);
-                if retry {
-                    let backoff = Duration::from_millis(self.rng.gen_range(200..1_000));
-                    self.reconnect_at.insert(peer, now + backoff);
-                }
-            }
+            let _ = self.manager.send_on(peer, session, r);
         }
     }
 
@@ -566,7 +447,8 @@ impl Peer {
         trace::record(&self.name, "p2p.flood", &[("count", &n)]);
         for i in 0..n {
             let Some(port) = u16::try_from(i).ok().and_then(|i| FLOOD_PORT.checked_add(i)) else { break };
-            self.connect_to(format!("{}:{port}", self.name), now, false).await;
+            self.manager.connect_once(&format!("{}:{port}", self.name), now);
+            self.settle().await;
             if self.fatal.is_some() {
                 return;
             }
@@ -589,8 +471,7 @@ impl Peer {
 
     /// Seeded requests to some of the peers, and any malformed frames a fault asks for.
     async fn traffic(&mut self) {
-        let peers: Vec<String> = self.sessions.keys().cloned().collect();
-        for peer in peers {
+        for peer in self.manager.session_peers() {
             if let Some(frame) = faults::take_malformed_to(&self.name, host_of(&peer), true) {
                 self.send_raw(&peer, frame);
             }
@@ -600,16 +481,17 @@ impl Peer {
             if !self.rng.gen_bool(0.7) {
                 continue;
             }
-            let Some(s) = self.sessions.get_mut(&peer) else { continue };
-            if s.outstanding.len() >= MAX_OUTSTANDING || !s.session.is_alive() {
+            let (Some(session), Some(conn)) = (self.manager.session_id(&peer), self.manager.session_conn(&peer)) else {
+                continue;
+            };
+            let pending = self.outstanding.get(&peer).filter(|o| o.session == session).map_or(0, |o| o.requests.len());
+            if pending >= MAX_OUTSTANDING || !self.manager.is_alive(&peer) {
                 continue;
             }
-            if s.session.is_ready() && faults::take_send_failure(&self.name, host_of(&peer)) {
+            if self.manager.is_ready(&peer) && faults::take_send_failure(&self.name, host_of(&peer)) {
                 // A replace race: this request, sent between two manager ticks, fails.
-                let error = "send refused by the DEALER (fault)";
-                trace::record(&self.name, "p2p.send_failed", &[("peer", &peer), ("error", &error)]);
-                s.session.send_failed(error);
-                self.registry.mark_dead_conn(&peer, s.conn);
+                self.manager.handle_send_failed(conn, "send refused by the DEALER (fault)");
+                self.settle().await;
                 continue;
             }
             let kv = format!("{}.{}.{}", self.name, self.inc, self.next_request);
@@ -621,28 +503,31 @@ impl Peer {
                 Message::Fetch { kv_request_id: kv.clone(), keys: vec![key], block_indexes: vec![7], round_seq: 0 }
             };
             trace::record(&self.name, "p2p.request", &[("peer", &peer), ("kv", &kv), ("type", &msg.kind())]);
-            if s.session.send(msg).is_ok() {
-                s.outstanding.insert(kv);
+            if self.manager.send_on(&peer, session, msg).is_ok() {
+                if let Some(o) = self.outstanding.get_mut(&peer).filter(|o| o.session == session) {
+                    o.requests.insert(kv);
+                }
             }
-            self.flush(&peer).await;
+            self.settle().await;
         }
     }
 
     /// `n` lookups to `peer` in one go, not waited for (the peer stopped reading).
     async fn burst(&mut self, peer: &str, n: u32) {
-        let Some(s) = self.sessions.get_mut(peer).filter(|s| s.session.is_ready()) else { return };
+        if !self.manager.is_ready(peer) {
+            return;
+        }
         trace::record(&self.name, "p2p.burst", &[("peer", &peer), ("count", &n)]);
         for i in 0..n {
             let kv = format!("{}.{}.burst{i}", self.name, self.inc);
-            let _ = s.session.send(Message::Lookup { kv_request_id: kv, keys: vec![vec![0]], round_seq: 0 });
+            let _ = self.manager.send(peer, Message::Lookup { kv_request_id: kv, keys: vec![vec![0]], round_seq: 0 });
         }
-        self.flush(peer).await;
+        self.settle().await;
     }
 
-    /// A frame straight onto `peer`'s DEALER, past the registry and the session (a
-    /// malformed-frame fault).
+    /// A frame straight onto `peer`'s DEALER, past the manager (a malformed-frame fault).
     fn send_raw(&mut self, peer: &str, frame: Vec<u8>) {
-        let Some(conn) = self.registry.conn_id(peer) else { return };
+        let Some(conn) = self.manager.registry().conn_id(peer) else { return };
         let Some(d) = self.dealers.get(&conn) else { return };
         let result = d.dealer.try_send(vec![frame.clone()]);
         trace::record(
@@ -652,14 +537,26 @@ impl Peer {
         );
     }
 
-    /// Carries out the registry's queued actions. The first transmit failure is returned
-    /// (a failed open retires the connection instead).
-    async fn carry_out(&mut self) -> Result<(), String> {
-        let mut first = None;
-        while let Some(action) = self.registry.poll_action() {
+    /// Carries out the manager's actions and hands it their failures, then its events to
+    /// the application, until neither has anything left (an answer queues a send, a
+    /// failed send an event).
+    async fn settle(&mut self) {
+        loop {
+            self.carry_out().await;
+            if self.drain_events() == 0 {
+                return;
+            }
+        }
+    }
+
+    /// Carries out the manager's queued socket actions, reporting a DEALER that could not
+    /// be opened or a frame that could not be sent.
+    async fn carry_out(&mut self) {
+        while let Some(action) = self.manager.poll_action() {
             match action {
                 Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
-                    if self.registry.direction(&peer) == Some(Direction::Inbound) && !self.known.contains(&peer) {
+                    let inbound = self.manager.registry().direction(&peer) == Some(Direction::Inbound);
+                    if inbound && !self.known.contains(&peer) {
                         oracle::violate(
                             "p2p-dial-non-peer",
                             &self.name,
@@ -673,9 +570,9 @@ impl Peer {
                     } else {
                         self.open_dealer(&endpoint, &identity, &monitor).await
                     };
+                    ledger::opened(&self.name, self.inc, conn);
                     match opened {
                         Ok((dealer, pair)) => {
-                            ledger::opened(&self.name, self.inc, conn);
                             trace::record(
                                 &self.name,
                                 "p2p.dealer_open",
@@ -683,18 +580,7 @@ impl Peer {
                             );
                             self.dealers.insert(conn, Dealer { peer, dealer, pair });
                         }
-                        Err(e) => {
-                            trace::record(
-                                &self.name,
-                                "p2p.dealer_open_failed",
-                                &[("peer", &peer), ("conn", &conn), ("error", &e)],
-                            );
-                            // Nothing is open: retire the registration, as the production driver,
-                            // and report the error, which escapes into the engine loop.
-                            ledger::opened(&self.name, self.inc, conn);
-                            self.registry.close(&peer);
-                            self.fatal.get_or_insert(format!("cannot open the control connection to {peer}: {e}"));
-                        }
+                        Err(e) => self.manager.handle_open_failed(conn, &e.to_string()),
                     }
                 }
                 Action::CloseDealer { conn, peer } => {
@@ -707,10 +593,10 @@ impl Peer {
                     }
                 }
                 Action::Transmit { conn, frame } => {
-                    let result = match (self.dealers.get(&conn), self.registry.send_mode()) {
+                    let result = match (self.dealers.get(&conn), self.manager.send_mode()) {
                         (Some(d), SendMode::NonBlocking) => match d.dealer.try_send(vec![frame]) {
                             Ok(()) => Ok(()),
-                            Err(ZmqError::Again) => Err(self.registry.queue_full(conn).to_string()),
+                            Err(ZmqError::Again) => Err(self.manager.queue_full(conn).to_string()),
                             Err(e) => Err(format!("send to {} failed: {e}", d.peer)),
                         },
                         // The seed's send: this whole peer waits for room (race p2p-hwm).
@@ -720,12 +606,11 @@ impl Peer {
                         (None, _) => Err(format!("no DEALER for connection {conn}")),
                     };
                     if let Err(e) = result {
-                        first.get_or_insert(e);
+                        self.manager.handle_send_failed(conn, &e);
                     }
                 }
             }
         }
-        first.map_or(Ok(()), Err)
     }
 
     /// DEALER with the heartbeat options and our identity, monitored for the core's fatal

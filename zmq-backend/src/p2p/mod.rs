@@ -1,21 +1,27 @@
 //! The P2P KV-tiering control transport on libzmq (mainline T1; T2's frame limit as an
 //! option).
 //!
-//! [`ZmqTransport`] owns the sockets and carries out what the core's
+//! [`ManagerLoop`] is the production tiering manager: the core's `PeerManager` (sessions,
+//! admission, reaping, reconnects, tick order) over real sockets. [`ZmqTransport`] is the
+//! bare transport (what the Python bindings wrap): it carries out what the core's
 //! `ConnectionRegistry` decides; [`session_io`] moves one `HandshakeSession`'s frames over
-//! it.
+//! it for callers that run their own sessions. Both share the socket work
+//! (`socket_set`).
 
+mod manager_loop;
 mod router_batch;
 pub mod session_io;
+mod socket_set;
 mod sockets;
 mod transport;
 
+pub use manager_loop::ManagerLoop;
 pub use transport::{P2pError, ZmqTransport};
 
 use crate::curve::CurveClient;
 use ctlplane_core::p2p::defaults::{HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
-use ctlplane_core::p2p::{PeerCheck, T0Switches};
+use ctlplane_core::p2p::{PeerCheck, RegistryConfig, T0Switches};
 use std::time::Duration;
 
 /// Socket options and registry bounds; the defaults are the mainline reference's.
@@ -66,4 +72,14 @@ impl TransportOptions {
         self.max_message_bytes = Some(MAX_CONTROL_MESSAGE_BYTES);
         self
     }
+}
+
+/// The registry's configuration for `options`, announcing `local_id`.
+pub(crate) fn registry_config(options: &TransportOptions, local_id: &str) -> RegistryConfig {
+    let mut config = RegistryConfig::new(local_id);
+    config.max_peers = options.max_peers;
+    config.max_message_bytes = options.max_message_bytes;
+    config.peer_check = options.peer_check.clone();
+    config.t0 = options.t0;
+    config
 }

@@ -5,14 +5,10 @@
 //! out the [`Action`]s the registry returns. No background threads: all I/O happens in the
 //! calls.
 
-use super::router_batch::RouterBatch;
-use super::sockets::{self, Dealer};
+use super::socket_set::{ActionError, SocketSet};
 use super::TransportOptions;
-use crate::sockets::endpoint_port;
-use ctlplane_core::p2p::options::{SendMode, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::RegistryStats;
-use ctlplane_core::p2p::{Action, ConnId, ConnectionRegistry, MonitorEvent, RegistryConfig, TransportError, Value};
-use std::collections::BTreeMap;
+use ctlplane_core::p2p::{Action, ConnId, ConnectionRegistry, RegistryConfig, TransportError, Value};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -60,17 +56,8 @@ pub enum P2pError {
 /// One node's P2P control transport: a ROUTER and one DEALER per peer.
 pub struct ZmqTransport {
     registry: ConnectionRegistry,
-    options: TransportOptions,
+    sockets: SocketSet,
     port: u16,
-    /// Open DEALERs by connection handle. Sockets before the context: they must close
-    /// before the context terminates.
-    dealers: BTreeMap<ConnId, (String, Dealer)>,
-    /// The ROUTER messages of the current poll (empty between polls).
-    inbound: RouterBatch,
-    /// The monitor events of the current poll (empty between polls).
-    monitor_events: Vec<(ConnId, MonitorEvent)>,
-    router: Option<zmq::Socket>,
-    ctx: Option<zmq::Context>,
 }
 
 impl ZmqTransport {
@@ -83,37 +70,11 @@ impl ZmqTransport {
 
     /// [`Self::bind`] with explicit options.
     pub fn bind_with(host: &str, port: u16, options: TransportOptions) -> Result<Self, P2pError> {
-        let ctx = zmq::Context::new();
-        // As `_tcp_addr`: no bracketing, IPv6 unsupported upstream.
-        let endpoint = format!("tcp://{host}:{port}");
-        let router = sockets::bind_router(&ctx, &endpoint, &options)
-            .map_err(|source| P2pError::Bind { endpoint: endpoint.clone(), source })?;
-        let port = if port != 0 {
-            port
-        } else {
-            let last = match router.get_last_endpoint() {
-                Ok(Ok(s)) => s,
-                Ok(Err(raw)) => String::from_utf8_lossy(&raw).into_owned(),
-                Err(source) => return Err(P2pError::Bind { endpoint, source }),
-            };
-            endpoint_port(&last).ok_or(P2pError::Endpoint(last))?
-        };
-        let mut config = RegistryConfig::new(format!("{host}:{port}"));
-        config.max_peers = options.max_peers;
-        config.max_message_bytes = options.max_message_bytes;
-        config.peer_check = options.peer_check.clone();
-        config.t0 = options.t0;
-        tracing::info!(local_id = %config.local_id, "P2P ROUTER bound on {endpoint}");
-        Ok(ZmqTransport {
-            registry: ConnectionRegistry::new(config),
-            options,
-            port,
-            dealers: BTreeMap::new(),
-            inbound: RouterBatch::default(),
-            monitor_events: Vec::new(),
-            router: Some(router),
-            ctx: Some(ctx),
-        })
+        let config = super::registry_config(&options, "");
+        let (sockets, port) = SocketSet::bind(host, port, options)?;
+        let config = RegistryConfig { local_id: format!("{host}:{port}"), ..config };
+        tracing::info!(local_id = %config.local_id, "P2P ROUTER bound on tcp://{host}:{port}");
+        Ok(ZmqTransport { registry: ConnectionRegistry::new(config), sockets, port })
     }
 
     /// [`Self::bind_with`], announcing `local_id` (every DEALER's routing identity) instead
@@ -208,7 +169,7 @@ impl ZmqTransport {
 
     /// Open DEALERs (each with its monitor PAIR), for leak checks.
     pub fn open_dealers(&self) -> usize {
-        self.dealers.len()
+        self.sockets.open_dealers()
     }
 
     /// One poll: everything the ROUTER holds and every live connection's pending monitor
@@ -216,19 +177,12 @@ impl ZmqTransport {
     /// Returns the newly accepted inbound peers, their first messages already in `recv`.
     /// A peer whose DEALER could not be opened is returned too, already dead.
     pub fn poll(&mut self) -> Vec<String> {
-        let Some(router) = &self.router else { return Vec::new() };
-        if let Err(error) = self.inbound.drain(router) {
-            tracing::warn!(local_id = %self.registry.config().local_id, %error, "P2P ROUTER recv error");
+        if !self.sockets.is_open() {
+            return Vec::new();
         }
-        for (peer, conn, alive) in self.registry.iter_connections() {
-            let Some((_, dealer)) = self.dealers.get(&conn).filter(|_| alive) else { continue };
-            if let Err(error) = dealer.monitor_events(conn, &mut self.monitor_events) {
-                tracing::warn!(%peer, %error, "P2P monitor error");
-            }
-        }
-        let accepted = self.registry.poll_frames(self.inbound.messages(), &self.monitor_events);
-        self.inbound.clear();
-        self.monitor_events.clear();
+        self.sockets.gather(&self.registry.config().local_id, self.registry.iter_connections());
+        let accepted = self.registry.poll_frames(self.sockets.router_batch(), self.sockets.monitor_batch());
+        self.sockets.clear_batch();
         if let Err(error) = self.carry_out() {
             tracing::warn!(%error, "P2P connection not opened");
         }
@@ -238,34 +192,14 @@ impl ZmqTransport {
     /// Blocks until the ROUTER or a live connection's monitor is readable, or `timeout`
     /// passes; `Ok(true)` if something is readable. Lets a loop sleep instead of spinning.
     pub fn wait(&self, timeout: Duration) -> Result<bool, P2pError> {
-        let Some(router) = &self.router else { return Ok(false) };
-        let mut items = vec![router.as_poll_item(zmq::POLLIN)];
-        for (_, conn, alive) in self.registry.iter_connections() {
-            if let Some((_, d)) = self.dealers.get(&conn).filter(|_| alive) {
-                items.push(d.monitor.as_poll_item(zmq::POLLIN));
-            }
-        }
-        let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
-        match zmq::poll(&mut items, ms) {
-            Ok(n) => Ok(n > 0),
-            Err(zmq::Error::EINTR) => Ok(false),
-            Err(e) => Err(P2pError::Wait(e)),
-        }
+        self.sockets.wait(self.registry.iter_connections().map(|(_, c, a)| (c, a)), timeout)
     }
 
     /// Blocks until `peer`'s DEALER has room for a frame, or `timeout` passes; `Ok(true)`
     /// if it has. For a caller that got [`P2pError::QueueFull`] and chooses to wait
     /// rather than spin (sending itself never blocks).
     pub fn wait_writable(&self, peer: &str, timeout: Duration) -> Result<bool, P2pError> {
-        let Some((_, d)) = self.registry.conn_id(peer).and_then(|conn| self.dealers.get(&conn)) else {
-            return Ok(false);
-        };
-        let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
-        match d.dealer.poll(zmq::POLLOUT, ms) {
-            Ok(n) => Ok(n > 0),
-            Err(zmq::Error::EINTR) => Ok(false),
-            Err(e) => Err(P2pError::Wait(e)),
-        }
+        self.sockets.wait_writable(self.registry.conn_id(peer), timeout)
     }
 
     /// Closes every connection (each DEALER flushing for at most its linger), then the
@@ -273,14 +207,7 @@ impl ZmqTransport {
     pub fn close(&mut self) {
         self.registry.close_all();
         let _ = self.carry_out();
-        for (_, (_, dealer)) in std::mem::take(&mut self.dealers) {
-            dealer.close();
-        }
-        if let Some(router) = self.router.take() {
-            sockets::close_after(router, ROUTER_LINGER);
-        }
-        // Terminating waits at most one DEALER linger for frames still queued.
-        self.ctx.take();
+        self.sockets.close();
     }
 
     /// Carries out the registry's queued actions. The first open or send failure is
@@ -288,71 +215,33 @@ impl ZmqTransport {
     fn carry_out(&mut self) -> Result<(), P2pError> {
         let mut first = None;
         while let Some(action) = self.registry.poll_action() {
-            if let Err(e) = self.perform(action) {
+            let peer = match &action {
+                Action::OpenDealer { peer, .. } => Some(peer.clone()),
+                _ => None,
+            };
+            let result = match self.sockets.perform(action, self.registry.send_mode()) {
+                Ok(()) => Ok(()),
+                Err(ActionError::Open(e)) => {
+                    // Nothing is open: retire the registration (T2's rollback), so the
+                    // next poll sweeps it and a later connect starts afresh.
+                    if let Some(peer) = peer {
+                        self.registry.close(&peer);
+                    }
+                    Err(e)
+                }
+                Err(ActionError::Full(conn)) => match self.registry.queue_full(conn) {
+                    TransportError::QueueFull { peer } => Err(P2pError::QueueFull { peer }),
+                    other => Err(other.into()),
+                },
+                Err(ActionError::Send(e)) => Err(e),
+            };
+            if let Err(e) = result {
                 first.get_or_insert(e);
             }
         }
         first.map_or(Ok(()), Err)
     }
-
-    fn perform(&mut self, action: Action) -> Result<(), P2pError> {
-        match action {
-            Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
-                let Some(ctx) = &self.ctx else { return Err(TransportError::Closed.into()) };
-                match Dealer::open(ctx, &endpoint, &identity, &monitor, &self.options) {
-                    Ok(dealer) => {
-                        tracing::debug!(%peer, %endpoint, %monitor, "P2P DEALER opened");
-                        self.dealers.insert(conn, (peer, dealer));
-                        Ok(())
-                    }
-                    Err(source) => {
-                        // Nothing is open: retire the registration (T2's rollback), so the
-                        // next poll sweeps it and a later connect starts afresh.
-                        tracing::warn!(%peer, %endpoint, error = %source, "cannot open P2P DEALER");
-                        self.registry.close(&peer);
-                        Err(P2pError::Open { peer, endpoint, source })
-                    }
-                }
-            }
-            Action::CloseDealer { conn, peer } => {
-                if let Some((_, dealer)) = self.dealers.remove(&conn) {
-                    tracing::debug!(%peer, "P2P DEALER closed");
-                    dealer.close();
-                }
-                Ok(())
-            }
-            Action::Transmit { conn, frame } => {
-                let Some((peer, dealer)) = self.dealers.get(&conn) else {
-                    return Err(TransportError::Closed.into());
-                };
-                let flags = match self.registry.send_mode() {
-                    SendMode::NonBlocking => zmq::DONTWAIT,
-                    SendMode::BlockAtHwm => 0,
-                };
-                // A small frame is copied into a libzmq message (one allocation, freed by
-                // whichever thread closes it); a large one is handed over without a copy.
-                let sent = if frame.len() <= COPY_FRAMES_UP_TO {
-                    dealer.dealer.send(&frame[..], flags)
-                } else {
-                    dealer.dealer.send(frame, flags)
-                };
-                match sent {
-                    Ok(()) => Ok(()),
-                    Err(zmq::Error::EAGAIN) => match self.registry.queue_full(conn) {
-                        TransportError::QueueFull { peer } => Err(P2pError::QueueFull { peer }),
-                        other => Err(other.into()),
-                    },
-                    Err(source) => Err(P2pError::Send { peer: peer.clone(), source }),
-                }
-            }
-        }
-    }
 }
-
-/// Frames up to this size are copied into libzmq's message rather than handed over: a
-/// handed-over buffer costs libzmq a second allocation (its reference count) and a free on
-/// the I/O thread, more than copying a control message.
-const COPY_FRAMES_UP_TO: usize = 8 * 1024;
 
 impl Drop for ZmqTransport {
     fn drop(&mut self) {

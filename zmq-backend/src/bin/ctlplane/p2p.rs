@@ -4,9 +4,12 @@
 use crate::p2p_json;
 use crate::security::PeerCurve;
 use clap::{Args, Subcommand};
+use ctlplane_core::p2p::defaults::HANDSHAKE_TIMEOUT;
 use ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES;
+use ctlplane_core::p2p::session::SessionConfig;
+use ctlplane_core::p2p::PeerEvent;
 use ctlplane_core::p2p::{AllowEntry, PeerCheck, PeerCheckMode};
-use ctlplane_zmq::{TransportOptions, ZmqTransport};
+use ctlplane_zmq::{ManagerLoop, TransportOptions, ZmqTransport};
 use std::error::Error;
 use std::io::Write;
 use std::process::ExitCode;
@@ -74,6 +77,19 @@ enum Op {
         /// Log each message in full (its display form) instead of a summary line.
         #[arg(long)]
         log_payload: bool,
+        /// Run W1 sessions on the tiering manager (handshake, reaping, reconnects) and echo
+        /// each peer's role messages on its session, instead of echoing raw frames.
+        #[arg(long)]
+        w1: bool,
+        /// With `--w1`: a peer (`host:port`) to keep connected. Repeatable.
+        #[arg(long = "peer", requires = "w1")]
+        peers: Vec<String>,
+        /// With `--w1`: the KV block length announced in the Connect (peers must match).
+        #[arg(long, default_value_t = 4096, requires = "w1")]
+        block_len: u64,
+        /// With `--w1`: the hash seed announced in the Connect (peers must match).
+        #[arg(long, default_value = "0", requires = "w1")]
+        hash_seed: String,
         #[command(flatten)]
         limits: Limits,
     },
@@ -108,7 +124,23 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub fn run(args: P2pArgs) -> Result<ExitCode, Box<dyn Error>> {
     match args.op {
-        Op::Echo { host, port, log_payload, limits } => echo(&host, port, log_payload, limits.options()?),
+        Op::Echo { host, port, log_payload, w1: false, limits, .. } => {
+            echo(&host, port, log_payload, limits.options()?)
+        }
+        Op::Echo { host, port, log_payload, w1: true, peers, block_len, hash_seed, limits } => {
+            let session = SessionConfig {
+                local_id: String::new(),
+                agent_metadata: Vec::new(),
+                base_addr: 0,
+                num_blocks: 1,
+                block_len,
+                config_fingerprint: String::new(),
+                hash_seed,
+                handshake_timeout: Some(HANDSHAKE_TIMEOUT),
+                silent_connect_rejection: false,
+            };
+            echo_w1(&host, port, &peers, session, log_payload, limits.options()?)
+        }
         Op::Send { local, to, json, bin_fields, timeout_ms, display, limits } => {
             let msg = p2p_json::parse(&json, &bin_fields)?;
             send(&local, &to, &msg, Duration::from_millis(timeout_ms), display, limits.options()?)
@@ -142,6 +174,49 @@ fn echo(host: &str, port: u16, log_payload: bool, options: TransportOptions) -> 
     let refused = transport.stats().messages_refused;
     tracing::info!(refused, "signal received; closing the P2P transport");
     transport.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `echo --w1`: the production manager loop; every role message is answered with itself on
+/// the session it came from.
+fn echo_w1(
+    host: &str,
+    port: u16,
+    peers: &[String],
+    session: SessionConfig,
+    log_payload: bool,
+    options: TransportOptions,
+) -> Result<ExitCode, Box<dyn Error>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::Release))?;
+    let mut node = ManagerLoop::bind(host, port, options, session)?;
+    for peer in peers {
+        node.keep_connected(peer);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    drop(out);
+    while !stop.load(Ordering::Acquire) {
+        node.turn(TICK)?;
+        while let Some(event) = node.poll_event() {
+            match event {
+                PeerEvent::Message { peer, session, message } => {
+                    log_message(&peer, &message.to_value(), log_payload);
+                    node.dispatch_ok(&peer, session);
+                    if let Err(error) = node.send_on(&peer, session, message) {
+                        tracing::warn!(%peer, %error, "echo not sent");
+                    }
+                }
+                PeerEvent::Ready { peer, session } => tracing::info!(%peer, session, "P2P peer up"),
+                PeerEvent::Down { peer, session, reason } => tracing::info!(%peer, session, %reason, "P2P peer down"),
+                other => tracing::debug!(?other, "P2P manager"),
+            }
+        }
+    }
+    tracing::info!("signal received; closing the P2P manager");
+    node.close();
     Ok(ExitCode::SUCCESS)
 }
 

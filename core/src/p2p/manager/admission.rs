@@ -1,4 +1,4 @@
-//! What the tiering manager does with a peer the transport just accepted (p2p-behaviour.md §3.3, race
+//! Admission: what the tiering manager does with a peer the transport just accepted (p2p-behaviour.md §3.3, race
 //! S6).
 //!
 //! The manager keeps one [`super::session::HandshakeSession`] per peer id. A session can die
