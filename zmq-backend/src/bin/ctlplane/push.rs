@@ -3,19 +3,20 @@
 //! The core's [`PushCoordinator`] decides every step of every push batch (discovery,
 //! reserve fan-out, writes, completion, cleanup); this driver only carries its requests
 //! to worker threads that own the [`ControlClient`] calls, performs its writes on a data
-//! plane that accepts them all, and feeds back replies and the clock.
+//! plane that accepts them all, and feeds back replies and the clock. The scheduler's side
+//! (readiness across every shard, and releasing items with the remote-cancel retry and
+//! give-up policy) is the core's `Scheduler`, run by [`SchedulerDriver`].
 
 use crate::security::ClientCurve;
 use clap::Args;
 use ctlplane_core::ec::dataplane::{DataPlane, DataPlaneError};
 use ctlplane_core::ec::defaults::CONTROL_TIMEOUT_MS;
-use ctlplane_core::ec::inbox::ReadyEvent;
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, Token, Transmit,
 };
-use ctlplane_core::ec::readiness::{EventFate, Readiness};
+use ctlplane_core::ec::scheduler::{ConsumerId, RequestId, SchedulerConfig, SchedulerEvent};
 use ctlplane_core::ec::DType;
-use ctlplane_zmq::{Clock, ControlClient, EventInbox};
+use ctlplane_zmq::{Clock, ControlClient, SchedulerDriver};
 use rand_core::{OsRng, RngCore};
 use serde::Serialize;
 use serde_json::Value;
@@ -35,8 +36,10 @@ use std::time::{Duration, Instant};
 /// The tool also stands in for the consumer's scheduler: it subscribes to the readiness
 /// events to count the items every shard announced (not with --no-events, which leaves the
 /// events to another subscriber such as `ctlplane ec watch`), and, as `ctlplane consumer`
-/// has no model that loads items, releases each pushed item with a plain cancel to every
-/// shard (not with --keep), so a long run does not fill the consumer's pool.
+/// has no model that loads items, finishes each item's request once it is pushed and
+/// announced (pushed, with --no-events) without loading it, so the scheduler releases it
+/// with a plain cancel to every shard (not with --keep, which stands in for a model that
+/// takes every item): a long run does not fill the consumer's pool.
 ///
 /// Prints a one-line JSON summary on stdout; exits 1 if any item failed.
 #[derive(Args)]
@@ -120,7 +123,8 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
     let client = Arc::new(args.curve.apply(ControlClient::new(args.timeout_ms))?);
     let (done_tx, done_rx) = mpsc::channel();
     let workers = Workers::spawn(&client, args.concurrency as usize, done_tx)?;
-    let inbox = (!args.no_events).then(|| EventInbox::new(client.clone(), &args.consumer));
+    let mut scheduler = SchedulerDriver::new(client.clone(), SchedulerConfig::default());
+    let consumer = scheduler.add_consumer(&args.consumer);
     let mut run = Run {
         args: &args,
         clock: Clock::new(),
@@ -130,19 +134,17 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
         ids: Ids::default(),
         workers,
         done_rx,
-        inbox,
-        readiness: Readiness::default(),
+        scheduler,
+        consumer,
+        items: HashMap::new(),
         batches: HashMap::new(),
-        awaiting: HashSet::new(),
         next_item: 0,
         next_start: Instant::now(),
         tally: Tally::default(),
     };
     let outcome = run.run();
     run.workers.stop();
-    if let Some(inbox) = &mut run.inbox {
-        inbox.close();
-    }
+    run.scheduler.close();
     client.close();
     let summary = outcome?;
     println!("{}", serde_json::to_string(&summary)?);
@@ -186,7 +188,16 @@ struct Tally {
     events: u64,
     ready: u64,
     released: u64,
-    releases_pending: u64,
+}
+
+/// One item of this run as the scheduler side sees it.
+struct Tracked {
+    request: RequestId,
+    pushed: bool,
+    /// Every shard announced it.
+    ready: bool,
+    /// Its request was finished: a release is under way or done.
+    finished: bool,
 }
 
 struct Run<'a> {
@@ -198,12 +209,12 @@ struct Run<'a> {
     ids: Ids,
     workers: Workers,
     done_rx: Receiver<Done>,
-    inbox: Option<EventInbox>,
-    readiness: Readiness,
+    scheduler: SchedulerDriver,
+    consumer: ConsumerId,
+    /// This run's items by transfer id: a consumer's backlog may still hold events of an
+    /// earlier run, which must not count.
+    items: HashMap<String, Tracked>,
     batches: HashMap<BatchId, InFlight>,
-    /// Transfer ids of this run not yet announced by every shard: a consumer's backlog
-    /// may still hold events of an earlier run, which must not count.
-    awaiting: HashSet<String>,
     next_item: u64,
     /// When the next batch may start (`--batch-interval-ms`).
     next_start: Instant,
@@ -221,12 +232,17 @@ impl Run<'_> {
             self.pump();
             self.collect_outcomes();
             self.drain_events();
+            self.scheduler_events();
             let finished = self.next_item >= self.args.items && self.batches.is_empty();
-            if finished && self.tally.releases_pending == 0 {
+            if finished {
                 let all_done = *all_done_at.get_or_insert_with(Instant::now);
-                let waiting_events = self.inbox.is_some() && self.tally.ready < self.tally.pushed;
+                let waiting_events = !self.args.no_events && self.tally.ready < self.tally.pushed;
                 if !waiting_events || all_done.elapsed() >= EVENT_GRACE {
-                    break;
+                    // Items pushed but never announced are released all the same.
+                    self.release_the_rest();
+                    if self.scheduler.is_quiet() {
+                        break;
+                    }
                 }
             }
             match self.done_rx.recv_timeout(TICK) {
@@ -275,8 +291,10 @@ impl Run<'_> {
             let items =
                 (0..k).map(|_| self.ids.item(self.args.nbytes)).collect::<Result<Vec<_>, _>>().map_err(rng_error)?;
             let transfer_ids: Vec<String> = items.iter().map(|i| i.transfer_id.clone()).collect();
-            if self.inbox.is_some() {
-                self.awaiting.extend(transfer_ids.iter().cloned());
+            for item in &items {
+                let request = self.scheduler.request(self.consumer, [(item.transfer_id.clone(), item.mm_hash.clone())]);
+                let tracked = Tracked { request, pushed: false, ready: false, finished: false };
+                self.items.insert(item.transfer_id.clone(), tracked);
             }
             let pushed_at = Instant::now();
             let id = self.coordinator.push(PushBatch::new(self.args.consumer.clone(), items), self.clock.now());
@@ -316,18 +334,17 @@ impl Run<'_> {
             t.batches += 1;
             t.last_done = Some(now);
             t.latencies_ms.push(now.saturating_duration_since(flight.pushed_at).as_secs_f64() * 1e3);
-            let shards = self.coordinator.topology().get(&self.args.consumer).map(<[String]>::to_vec);
             for (outcome, transfer_id) in outcomes.into_iter().zip(flight.transfer_ids) {
+                let t = &mut self.tally;
                 match outcome {
                     ItemOutcome::Pushed => {
                         t.pushed += 1;
-                        if let (false, Some(shards)) = (self.args.keep, &shards) {
-                            let job = Job::Release { transfer_id, shards: shards.clone() };
-                            if self.workers.submit(job).is_ok() {
-                                t.releases_pending += 1;
-                            }
+                        if let Some(item) = self.items.get_mut(&transfer_id) {
+                            item.pushed = true;
                         }
+                        self.release_if_done(&transfer_id);
                     }
+                    // Nothing of it is left on the consumer to release.
                     ItemOutcome::Skipped { .. } => t.skipped += 1,
                     ItemOutcome::Failed { error } => {
                         t.failed += 1;
@@ -338,38 +355,84 @@ impl Run<'_> {
         }
     }
 
+    /// Finishes the item's request once it is pushed and (with events) announced by every
+    /// shard: the scheduler then cancels it on every shard.
+    fn release_if_done(&mut self, transfer_id: &str) {
+        let Some(item) = self.items.get_mut(transfer_id) else { return };
+        if self.args.keep || item.finished || !item.pushed || !(item.ready || self.args.no_events) {
+            return;
+        }
+        item.finished = true;
+        self.scheduler.finish_request(item.request);
+    }
+
+    /// The end of the run: every pushed item not released yet is.
+    fn release_the_rest(&mut self) {
+        if self.args.keep {
+            return;
+        }
+        let mut left: Vec<RequestId> = Vec::new();
+        for item in self.items.values_mut().filter(|i| i.pushed && !i.finished) {
+            item.finished = true;
+            left.push(item.request);
+        }
+        left.sort();
+        for request in left {
+            self.scheduler.finish_request(request);
+        }
+    }
+
+    /// What the scheduler reports: items every shard announced, loads (taken with
+    /// --keep, else the request finishes unloaded) and releases.
+    fn scheduler_events(&mut self) {
+        self.scheduler.step();
+        while let Some(event) = self.scheduler.poll_event() {
+            match event {
+                SchedulerEvent::Ready { transfer_id, .. } => {
+                    let Some(item) = self.items.get_mut(&transfer_id) else { continue };
+                    if !item.ready {
+                        item.ready = true;
+                        self.tally.ready += 1;
+                    }
+                    self.release_if_done(&transfer_id);
+                }
+                SchedulerEvent::Load { consumer, transfer_id, .. } if self.args.keep => {
+                    self.scheduler.report_load(consumer, &transfer_id, true);
+                }
+                SchedulerEvent::Released { transfer_id, shards, gave_up, .. } => {
+                    if !self.items.contains_key(&transfer_id) {
+                        continue;
+                    }
+                    if gave_up.is_empty() {
+                        self.tally.released += 1;
+                    } else {
+                        tracing::warn!(%transfer_id, shards, ?gave_up, "could not release a pushed item on every shard");
+                    }
+                }
+                SchedulerEvent::Undiscovered { transfer_id, .. } => {
+                    tracing::warn!(%transfer_id, "could not release a pushed item: the consumer's shards are unknown");
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Reads readiness events; the core's multi-shard readiness says when an item is
     /// announced by every shard.
     fn drain_events(&mut self) {
-        let Some(inbox) = &mut self.inbox else { return };
-        let events: Vec<ReadyEvent> = inbox.drain().events;
-        let shard_count = inbox.shard_count();
-        for event in events {
-            if !self.awaiting.contains(&event.transfer_id) {
-                continue;
-            }
-            self.tally.events += 1;
-            let transfer_id = event.transfer_id.clone();
-            if self.readiness.handle_event(event, shard_count, self.clock.now()) == EventFate::Accepted {
-                self.tally.ready += 1;
-                self.awaiting.remove(&transfer_id);
+        if self.args.no_events {
+            return;
+        }
+        for heard in self.scheduler.drain() {
+            if self.items.get(&heard.transfer_id).is_some_and(|i| !i.ready) {
+                self.tally.events += 1;
             }
         }
-        // Nothing here loads items; the notices only matter to a real scheduler.
-        while self.readiness.poll_notice().is_some() {}
     }
 
     fn handle(&mut self, done: Done) {
-        match done {
-            Done::Reply { token, reply } => self.coordinator.handle_reply(token, reply, self.clock.now()),
-            Done::Released { transfer_id, result } => {
-                self.tally.releases_pending = self.tally.releases_pending.saturating_sub(1);
-                match result {
-                    Ok(()) => self.tally.released += 1,
-                    Err(error) => tracing::warn!(%transfer_id, %error, "could not release a pushed item"),
-                }
-            }
-        }
+        let Done::Reply { token, reply } = done;
+        self.coordinator.handle_reply(token, reply, self.clock.now());
     }
 }
 
@@ -458,16 +521,10 @@ impl DataPlane for CountingDataPlane {
 enum Job {
     /// A coordinator request.
     Request { token: Token, addr: String, frame: Vec<u8> },
-    /// The plain cancel a consumer's scheduler sends when the request that needed an item
-    /// finishes, to every shard. `ctlplane consumer` has no model to load items, so without
-    /// it READY items would hold their pool memory for the 300 s TTL and a run would stop
-    /// fitting after pool_bytes / nbytes items.
-    Release { transfer_id: String, shards: Vec<String> },
 }
 
 enum Done {
     Reply { token: Token, reply: Result<Value, String> },
-    Released { transfer_id: String, result: Result<(), String> },
 }
 
 /// Threads executing control requests. Each has its own REQ socket per shard (the
@@ -517,18 +574,6 @@ impl Workers {
 }
 
 fn execute(client: &ControlClient, job: Job) -> Done {
-    match job {
-        Job::Request { token, addr, frame } => {
-            Done::Reply { token, reply: client.request_frame(&addr, &frame).map_err(|e| e.to_string()) }
-        }
-        Job::Release { transfer_id, shards } => {
-            let result =
-                shards.iter().try_for_each(|shard| match client.cancel(shard, &transfer_id, "", false, false) {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(format!("{shard} did not cancel it")),
-                    Err(e) => Err(format!("{shard}: {e}")),
-                });
-            Done::Released { transfer_id, result }
-        }
-    }
+    let Job::Request { token, addr, frame } = job;
+    Done::Reply { token, reply: client.request_frame(&addr, &frame).map_err(|e| e.to_string()) }
 }
