@@ -26,6 +26,9 @@ use std::time::Duration;
 
 type Reply = (Token, Result<Value, String>);
 
+/// Run on a lane thread after each answer it hands over.
+type Waker = Arc<dyn Fn() + Send + Sync>;
+
 /// A readiness event one drain read, and what the core made of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeardEvent {
@@ -50,6 +53,7 @@ pub struct SchedulerDriver {
     replies: Receiver<Reply>,
     pulls: BTreeMap<ConsumerId, zmq::Socket>,
     events: VecDeque<SchedulerEvent>,
+    waker: Option<Waker>,
 }
 
 impl SchedulerDriver {
@@ -66,7 +70,15 @@ impl SchedulerDriver {
             replies,
             pulls: BTreeMap::new(),
             events: VecDeque::new(),
+            waker: None,
         }
+    }
+
+    /// Runs `wake` on a lane thread each time an answer arrives, so that a caller blocked
+    /// on something else (its own workers' channel) steps the scheduler without delay.
+    pub fn with_waker(mut self, wake: impl Fn() + Send + Sync + 'static) -> Self {
+        self.waker = Some(Arc::new(wake));
+        self
     }
 
     /// Serves the consumer whose rank-0 control address is `base`.
@@ -159,6 +171,11 @@ impl SchedulerDriver {
         self.core.is_quiet()
     }
 
+    /// A PULL socket is connected to every shard of `consumer`.
+    pub fn is_subscribed(&self, consumer: ConsumerId) -> bool {
+        self.pulls.contains_key(&consumer)
+    }
+
     /// The core machine (read-only).
     pub fn core(&self) -> &Scheduler {
         &self.core
@@ -219,7 +236,7 @@ impl SchedulerDriver {
     fn lane(&mut self, lane: Lane) -> Result<&Sender<Transmit>, String> {
         if !self.lanes.contains_key(&lane) {
             let (jobs, rx) = mpsc::channel::<Transmit>();
-            let (client, replies) = (self.client.clone(), self.replies_tx.clone());
+            let (client, replies, waker) = (self.client.clone(), self.replies_tx.clone(), self.waker.clone());
             let thread = std::thread::Builder::new()
                 .name("ec-scheduler-lane".into())
                 .spawn(move || {
@@ -227,6 +244,9 @@ impl SchedulerDriver {
                         let reply = client.request_frame(&t.addr, &t.frame).map_err(|e| e.to_string());
                         if replies.send((t.token, reply)).is_err() {
                             break;
+                        }
+                        if let Some(wake) = &waker {
+                            wake();
                         }
                     }
                 })

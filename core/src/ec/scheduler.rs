@@ -283,8 +283,7 @@ impl Scheduler {
 
     /// Input: a drain of every consumer begins. Never blocks: at most it starts a
     /// discovery pass (whose requests are [`Transmit::inline`] under the S5 regression).
-    pub fn handle_drain(&mut self, now: Instant) {
-        let _ = now;
+    pub fn handle_drain(&mut self, _now: Instant) {
         for i in 0..self.consumers.len() {
             let c = &mut self.consumers[i];
             let Some(start) = c.inbox.on_drain(&c.base, &self.topology) else { continue };
@@ -346,8 +345,7 @@ impl Scheduler {
 
     /// Input: the answer to a [`Transmit`]: the reply's `result`, or the error (timeout,
     /// transport failure, or the text of an `ok: false` reply).
-    pub fn handle_reply(&mut self, token: Token, reply: Result<Value, String>, now: Instant) {
-        let _ = now;
+    pub fn handle_reply(&mut self, token: Token, reply: Result<Value, String>, _now: Instant) {
         let Some(lane) = self.in_flight.remove(&token) else {
             tracing::debug!(token = token.0, "reply for no outstanding EC scheduler request");
             return;
@@ -416,6 +414,11 @@ impl Scheduler {
     /// Requests not yet done.
     pub fn active_requests(&self) -> usize {
         self.requests.len()
+    }
+
+    /// Remote cancels of `consumer` waiting for the one under way (not counting it).
+    pub fn queued_cancels(&self, consumer: ConsumerId) -> usize {
+        self.consumers.get(consumer.0).map_or(0, |c| c.cancels.len())
     }
 
     /// No control request queued or in flight and no remote cancel pending.

@@ -161,6 +161,7 @@ fn a_remote_cancel_without_a_topology_gives_up_after_the_discovery_limit() {
     s.finish_request(a, T0);
     s.finish_request(b, T0);
     events(&mut s);
+    assert_eq!(s.queued_cancels(c), 1, "b waits for a");
     let first = s.poll_transmit().unwrap();
     assert_eq!(s.poll_transmit(), None, "one request in flight per lane");
     assert_eq!(first.lane, Lane::Cancel(c));
@@ -175,6 +176,7 @@ fn a_remote_cancel_without_a_topology_gives_up_after_the_discovery_limit() {
             SchedulerEvent::Undiscovered { consumer: c, transfer_id: "b".into() },
         ]
     );
+    assert_eq!(s.queued_cancels(c), 0);
 }
 
 #[test]

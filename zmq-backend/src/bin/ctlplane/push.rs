@@ -20,7 +20,7 @@ use ctlplane_zmq::{Clock, ControlClient, SchedulerDriver};
 use rand_core::{OsRng, RngCore};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::error::Error;
 use std::process::ExitCode;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -87,7 +87,8 @@ fn parse_nbytes(s: &str) -> Result<u64, String> {
     Ok(n)
 }
 
-/// Longest wait for the readiness events of the last batches once every batch is done.
+/// Longest wait for the readiness events of an item once it is pushed (then it is released
+/// unannounced), and of the last batches once every batch is done.
 const EVENT_GRACE: Duration = Duration::from_secs(5);
 /// Longest wait for a worker's answer before the loop looks at events and the clock again.
 const TICK: Duration = Duration::from_millis(2);
@@ -122,8 +123,11 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
     OsRng.try_fill_bytes(&mut source).map_err(rng_error)?;
     let client = Arc::new(args.curve.apply(ControlClient::new(args.timeout_ms))?);
     let (done_tx, done_rx) = mpsc::channel();
+    let wake = done_tx.clone();
     let workers = Workers::spawn(&client, args.concurrency as usize, done_tx)?;
-    let mut scheduler = SchedulerDriver::new(client.clone(), SchedulerConfig::default());
+    let mut scheduler = SchedulerDriver::new(client.clone(), SchedulerConfig::default()).with_waker(move || {
+        let _ = wake.send(Done::Wake);
+    });
     let consumer = scheduler.add_consumer(&args.consumer);
     let mut run = Run {
         args: &args,
@@ -137,6 +141,7 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
         scheduler,
         consumer,
         items: HashMap::new(),
+        unreleased: VecDeque::new(),
         batches: HashMap::new(),
         next_item: 0,
         next_start: Instant::now(),
@@ -214,6 +219,8 @@ struct Run<'a> {
     /// This run's items by transfer id: a consumer's backlog may still hold events of an
     /// earlier run, which must not count.
     items: HashMap<String, Tracked>,
+    /// Pushed items not released yet, in the order they were pushed, with when.
+    unreleased: VecDeque<(Instant, String)>,
     batches: HashMap<BatchId, InFlight>,
     next_item: u64,
     /// When the next batch may start (`--batch-interval-ms`).
@@ -233,13 +240,13 @@ impl Run<'_> {
             self.collect_outcomes();
             self.drain_events();
             self.scheduler_events();
+            self.release_overdue(false);
             let finished = self.next_item >= self.args.items && self.batches.is_empty();
             if finished {
                 let all_done = *all_done_at.get_or_insert_with(Instant::now);
                 let waiting_events = !self.args.no_events && self.tally.ready < self.tally.pushed;
                 if !waiting_events || all_done.elapsed() >= EVENT_GRACE {
-                    // Items pushed but never announced are released all the same.
-                    self.release_the_rest();
+                    self.release_overdue(true);
                     if self.scheduler.is_quiet() {
                         break;
                     }
@@ -277,9 +284,19 @@ impl Run<'_> {
         })
     }
 
-    /// Keeps `concurrency` batches in flight until every item has been pushed.
+    /// Keeps `concurrency` batches in flight until every item has been pushed. Releases
+    /// waiting their turn count against the same room (`concurrency * batch` items), so a
+    /// run holds at most one item more of the consumer's pool than that, however slowly
+    /// releases go.
     fn start_batches(&mut self) -> Result<(), Box<dyn Error>> {
+        let room = u64::from(self.args.concurrency) * u64::from(self.args.batch);
         while self.batches.len() < self.args.concurrency as usize && self.next_item < self.args.items {
+            let k = u64::from(self.args.batch).min(self.args.items - self.next_item);
+            let pushing: u64 = self.batches.values().map(|b| b.transfer_ids.len() as u64).sum();
+            let releasing = self.scheduler.core().queued_cancels(self.consumer) as u64;
+            if pushing + releasing + k > room {
+                break;
+            }
             if self.args.batch_interval_ms > 0 {
                 let now = Instant::now();
                 if now < self.next_start {
@@ -287,7 +304,6 @@ impl Run<'_> {
                 }
                 self.next_start = now + Duration::from_millis(self.args.batch_interval_ms);
             }
-            let k = u64::from(self.args.batch).min(self.args.items - self.next_item);
             let items =
                 (0..k).map(|_| self.ids.item(self.args.nbytes)).collect::<Result<Vec<_>, _>>().map_err(rng_error)?;
             let transfer_ids: Vec<String> = items.iter().map(|i| i.transfer_id.clone()).collect();
@@ -343,6 +359,9 @@ impl Run<'_> {
                             item.pushed = true;
                         }
                         self.release_if_done(&transfer_id);
+                        if self.items.get(&transfer_id).is_some_and(|i| !i.finished) {
+                            self.unreleased.push_back((now, transfer_id));
+                        }
                     }
                     // Nothing of it is left on the consumer to release.
                     ItemOutcome::Skipped { .. } => t.skipped += 1,
@@ -366,19 +385,21 @@ impl Run<'_> {
         self.scheduler.finish_request(item.request);
     }
 
-    /// The end of the run: every pushed item not released yet is.
-    fn release_the_rest(&mut self) {
-        if self.args.keep {
-            return;
-        }
-        let mut left: Vec<RequestId> = Vec::new();
-        for item in self.items.values_mut().filter(|i| i.pushed && !i.finished) {
-            item.finished = true;
-            left.push(item.request);
-        }
-        left.sort();
-        for request in left {
-            self.scheduler.finish_request(request);
+    /// Pushed items not announced by every shard within [`EVENT_GRACE`] (all of them with
+    /// `all`, at the end of the run) are released all the same, so a lost subscription
+    /// cannot fill the consumer's pool.
+    fn release_overdue(&mut self, all: bool) {
+        while let Some((at, transfer_id)) = self.unreleased.front() {
+            if !all && at.elapsed() < EVENT_GRACE {
+                return;
+            }
+            let transfer_id = transfer_id.clone();
+            self.unreleased.pop_front();
+            let Some(item) = self.items.get_mut(&transfer_id) else { continue };
+            if !self.args.keep && !item.finished {
+                item.finished = true;
+                self.scheduler.finish_request(item.request);
+            }
         }
     }
 
@@ -431,8 +452,11 @@ impl Run<'_> {
     }
 
     fn handle(&mut self, done: Done) {
-        let Done::Reply { token, reply } = done;
-        self.coordinator.handle_reply(token, reply, self.clock.now());
+        match done {
+            Done::Reply { token, reply } => self.coordinator.handle_reply(token, reply, self.clock.now()),
+            // The loop steps the scheduler next.
+            Done::Wake => {}
+        }
     }
 }
 
@@ -524,7 +548,12 @@ enum Job {
 }
 
 enum Done {
-    Reply { token: Token, reply: Result<Value, String> },
+    Reply {
+        token: Token,
+        reply: Result<Value, String>,
+    },
+    /// An answer reached the scheduler's driver.
+    Wake,
 }
 
 /// Threads executing control requests. Each has its own REQ socket per shard (the
