@@ -115,8 +115,7 @@ impl SchedulerDriver {
         let mut msg = zmq::Message::new();
         let consumers: Vec<ConsumerId> = self.pulls.keys().copied().collect();
         for consumer in consumers {
-            loop {
-                let Some(pull) = self.pulls.get(&consumer) else { break };
+            while let Some(pull) = self.pulls.get(&consumer) {
                 match pull.recv(&mut msg, zmq::DONTWAIT) {
                     Ok(()) => match decode_event(&msg) {
                         Ok(Some(event)) => {
