@@ -254,6 +254,10 @@ impl Run<'_> {
             }
             match self.done_rx.recv_timeout(TICK) {
                 Ok(done) => self.handle(done),
+                // The scheduler's waker keeps the channel open: look at the threads.
+                Err(RecvTimeoutError::Timeout) if self.workers.all_stopped() => {
+                    return Err("every push worker stopped".into())
+                }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return Err("every push worker stopped".into()),
             }
@@ -591,6 +595,11 @@ impl Workers {
     fn submit(&self, job: Job) -> Result<(), String> {
         let jobs = self.jobs.as_ref().ok_or("push workers stopped")?;
         jobs.send(job).map_err(|_| "push workers stopped".to_string())
+    }
+
+    /// Every worker thread ended (they only end when stopped, or by panicking).
+    fn all_stopped(&self) -> bool {
+        !self.threads.is_empty() && self.threads.iter().all(JoinHandle::is_finished)
     }
 
     /// Lets the workers finish what they hold and waits for them.
