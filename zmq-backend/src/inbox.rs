@@ -264,7 +264,7 @@ fn discover(client: &ControlClient, mut pass: EndpointDiscovery) -> Outcome {
 
 /// A PULL socket (`IPV6=1` as the reference; linger 0 so closing never waits) connected
 /// to every endpoint. Its context lives as long as the socket does.
-fn open_pull(endpoints: &[String], curve: Option<&CurveClient>) -> zmq::Result<zmq::Socket> {
+pub(crate) fn open_pull(endpoints: &[String], curve: Option<&CurveClient>) -> zmq::Result<zmq::Socket> {
     let context = zmq::Context::new();
     let socket = context.socket(zmq::PULL)?;
     socket.set_ipv6(true)?;

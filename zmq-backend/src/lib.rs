@@ -15,6 +15,7 @@ pub mod p2p;
 mod rep_monitor;
 pub mod replica;
 pub mod requests;
+pub mod scheduler;
 mod serve_loop;
 pub mod server;
 mod sockets;
@@ -28,6 +29,7 @@ pub use inbox::{DrainCounts, Drained, EventInbox};
 pub use p2p::{ManagerLoop, P2pError, TransportOptions, ZmqTransport};
 pub use replica::ConsumerServers;
 pub use requests::{make_cancel_request, Completion, ReserveSpec};
+pub use scheduler::{HeardEvent, SchedulerDriver};
 pub use server::{BindCause, ConsumerControlServer, ServerOptions, SetupCause, StartError, DEFAULT_MAX_REQUEST_BYTES};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

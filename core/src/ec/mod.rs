@@ -24,6 +24,7 @@ pub mod reservations;
 pub mod reserve_outcome;
 pub mod resident;
 pub mod scan;
+pub mod scheduler;
 pub mod serve_step;
 pub mod shapes;
 pub mod shard;

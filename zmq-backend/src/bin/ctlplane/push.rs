@@ -3,23 +3,24 @@
 //! The core's [`PushCoordinator`] decides every step of every push batch (discovery,
 //! reserve fan-out, writes, completion, cleanup); this driver only carries its requests
 //! to worker threads that own the [`ControlClient`] calls, performs its writes on a data
-//! plane that accepts them all, and feeds back replies and the clock.
+//! plane that accepts them all, and feeds back replies and the clock. The scheduler's side
+//! (readiness across every shard, and releasing items with the remote-cancel retry and
+//! give-up policy) is the core's `Scheduler`, run by [`SchedulerDriver`].
 
 use crate::security::ClientCurve;
 use clap::Args;
 use ctlplane_core::ec::dataplane::{DataPlane, DataPlaneError};
 use ctlplane_core::ec::defaults::CONTROL_TIMEOUT_MS;
-use ctlplane_core::ec::inbox::ReadyEvent;
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, Token, Transmit,
 };
-use ctlplane_core::ec::readiness::{EventFate, Readiness};
+use ctlplane_core::ec::scheduler::{ConsumerId, RequestId, SchedulerConfig, SchedulerEvent};
 use ctlplane_core::ec::DType;
-use ctlplane_zmq::{Clock, ControlClient, EventInbox};
+use ctlplane_zmq::{Clock, ControlClient, SchedulerDriver};
 use rand_core::{OsRng, RngCore};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::error::Error;
 use std::process::ExitCode;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -35,8 +36,10 @@ use std::time::{Duration, Instant};
 /// The tool also stands in for the consumer's scheduler: it subscribes to the readiness
 /// events to count the items every shard announced (not with --no-events, which leaves the
 /// events to another subscriber such as `ctlplane ec watch`), and, as `ctlplane consumer`
-/// has no model that loads items, releases each pushed item with a plain cancel to every
-/// shard (not with --keep), so a long run does not fill the consumer's pool.
+/// has no model that loads items, finishes each item's request once it is pushed and
+/// announced (pushed, with --no-events) without loading it, so the scheduler releases it
+/// with a plain cancel to every shard (not with --keep, which stands in for a model that
+/// takes every item): a long run does not fill the consumer's pool.
 ///
 /// Prints a one-line JSON summary on stdout; exits 1 if any item failed.
 #[derive(Args)]
@@ -84,7 +87,8 @@ fn parse_nbytes(s: &str) -> Result<u64, String> {
     Ok(n)
 }
 
-/// Longest wait for the readiness events of the last batches once every batch is done.
+/// Longest wait for the readiness events of an item once it is pushed (then it is released
+/// unannounced), and of the last batches once every batch is done.
 const EVENT_GRACE: Duration = Duration::from_secs(5);
 /// Longest wait for a worker's answer before the loop looks at events and the clock again.
 const TICK: Duration = Duration::from_millis(2);
@@ -119,8 +123,12 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
     OsRng.try_fill_bytes(&mut source).map_err(rng_error)?;
     let client = Arc::new(args.curve.apply(ControlClient::new(args.timeout_ms))?);
     let (done_tx, done_rx) = mpsc::channel();
+    let wake = done_tx.clone();
     let workers = Workers::spawn(&client, args.concurrency as usize, done_tx)?;
-    let inbox = (!args.no_events).then(|| EventInbox::new(client.clone(), &args.consumer));
+    let mut scheduler = SchedulerDriver::new(client.clone(), SchedulerConfig::default()).with_waker(move || {
+        let _ = wake.send(Done::Wake);
+    });
+    let consumer = scheduler.add_consumer(&args.consumer);
     let mut run = Run {
         args: &args,
         clock: Clock::new(),
@@ -130,19 +138,18 @@ pub fn run(args: PushArgs) -> Result<ExitCode, Box<dyn Error>> {
         ids: Ids::default(),
         workers,
         done_rx,
-        inbox,
-        readiness: Readiness::default(),
+        scheduler,
+        consumer,
+        items: HashMap::new(),
+        unreleased: VecDeque::new(),
         batches: HashMap::new(),
-        awaiting: HashSet::new(),
         next_item: 0,
         next_start: Instant::now(),
         tally: Tally::default(),
     };
     let outcome = run.run();
     run.workers.stop();
-    if let Some(inbox) = &mut run.inbox {
-        inbox.close();
-    }
+    run.scheduler.close();
     client.close();
     let summary = outcome?;
     println!("{}", serde_json::to_string(&summary)?);
@@ -186,7 +193,16 @@ struct Tally {
     events: u64,
     ready: u64,
     released: u64,
-    releases_pending: u64,
+}
+
+/// One item of this run as the scheduler side sees it.
+struct Tracked {
+    request: RequestId,
+    pushed: bool,
+    /// Every shard announced it.
+    ready: bool,
+    /// Its request was finished: a release is under way or done.
+    finished: bool,
 }
 
 struct Run<'a> {
@@ -198,12 +214,14 @@ struct Run<'a> {
     ids: Ids,
     workers: Workers,
     done_rx: Receiver<Done>,
-    inbox: Option<EventInbox>,
-    readiness: Readiness,
+    scheduler: SchedulerDriver,
+    consumer: ConsumerId,
+    /// This run's items by transfer id: a consumer's backlog may still hold events of an
+    /// earlier run, which must not count.
+    items: HashMap<String, Tracked>,
+    /// Pushed items not released yet, in the order they were pushed, with when.
+    unreleased: VecDeque<(Instant, String)>,
     batches: HashMap<BatchId, InFlight>,
-    /// Transfer ids of this run not yet announced by every shard: a consumer's backlog
-    /// may still hold events of an earlier run, which must not count.
-    awaiting: HashSet<String>,
     next_item: u64,
     /// When the next batch may start (`--batch-interval-ms`).
     next_start: Instant,
@@ -221,16 +239,25 @@ impl Run<'_> {
             self.pump();
             self.collect_outcomes();
             self.drain_events();
+            self.scheduler_events();
+            self.release_overdue(false);
             let finished = self.next_item >= self.args.items && self.batches.is_empty();
-            if finished && self.tally.releases_pending == 0 {
+            if finished {
                 let all_done = *all_done_at.get_or_insert_with(Instant::now);
-                let waiting_events = self.inbox.is_some() && self.tally.ready < self.tally.pushed;
+                let waiting_events = !self.args.no_events && self.tally.ready < self.tally.pushed;
                 if !waiting_events || all_done.elapsed() >= EVENT_GRACE {
-                    break;
+                    self.release_overdue(true);
+                    if self.scheduler.is_quiet() {
+                        break;
+                    }
                 }
             }
             match self.done_rx.recv_timeout(TICK) {
                 Ok(done) => self.handle(done),
+                // The scheduler's waker keeps the channel open: look at the threads.
+                Err(RecvTimeoutError::Timeout) if self.workers.all_stopped() => {
+                    return Err("every push worker stopped".into())
+                }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return Err("every push worker stopped".into()),
             }
@@ -261,9 +288,19 @@ impl Run<'_> {
         })
     }
 
-    /// Keeps `concurrency` batches in flight until every item has been pushed.
+    /// Keeps `concurrency` batches in flight until every item has been pushed. Releases
+    /// waiting their turn count against the same room (`concurrency * batch` items), so a
+    /// run holds at most one item more of the consumer's pool than that, however slowly
+    /// releases go.
     fn start_batches(&mut self) -> Result<(), Box<dyn Error>> {
+        let room = u64::from(self.args.concurrency) * u64::from(self.args.batch);
         while self.batches.len() < self.args.concurrency as usize && self.next_item < self.args.items {
+            let k = u64::from(self.args.batch).min(self.args.items - self.next_item);
+            let pushing: u64 = self.batches.values().map(|b| b.transfer_ids.len() as u64).sum();
+            let releasing = self.scheduler.core().queued_cancels(self.consumer) as u64;
+            if pushing + releasing + k > room {
+                break;
+            }
             if self.args.batch_interval_ms > 0 {
                 let now = Instant::now();
                 if now < self.next_start {
@@ -271,12 +308,13 @@ impl Run<'_> {
                 }
                 self.next_start = now + Duration::from_millis(self.args.batch_interval_ms);
             }
-            let k = u64::from(self.args.batch).min(self.args.items - self.next_item);
             let items =
                 (0..k).map(|_| self.ids.item(self.args.nbytes)).collect::<Result<Vec<_>, _>>().map_err(rng_error)?;
             let transfer_ids: Vec<String> = items.iter().map(|i| i.transfer_id.clone()).collect();
-            if self.inbox.is_some() {
-                self.awaiting.extend(transfer_ids.iter().cloned());
+            for item in &items {
+                let request = self.scheduler.request(self.consumer, [(item.transfer_id.clone(), item.mm_hash.clone())]);
+                let tracked = Tracked { request, pushed: false, ready: false, finished: false };
+                self.items.insert(item.transfer_id.clone(), tracked);
             }
             let pushed_at = Instant::now();
             let id = self.coordinator.push(PushBatch::new(self.args.consumer.clone(), items), self.clock.now());
@@ -316,18 +354,20 @@ impl Run<'_> {
             t.batches += 1;
             t.last_done = Some(now);
             t.latencies_ms.push(now.saturating_duration_since(flight.pushed_at).as_secs_f64() * 1e3);
-            let shards = self.coordinator.topology().get(&self.args.consumer).map(<[String]>::to_vec);
             for (outcome, transfer_id) in outcomes.into_iter().zip(flight.transfer_ids) {
+                let t = &mut self.tally;
                 match outcome {
                     ItemOutcome::Pushed => {
                         t.pushed += 1;
-                        if let (false, Some(shards)) = (self.args.keep, &shards) {
-                            let job = Job::Release { transfer_id, shards: shards.clone() };
-                            if self.workers.submit(job).is_ok() {
-                                t.releases_pending += 1;
-                            }
+                        if let Some(item) = self.items.get_mut(&transfer_id) {
+                            item.pushed = true;
+                        }
+                        self.release_if_done(&transfer_id);
+                        if self.items.get(&transfer_id).is_some_and(|i| !i.finished) {
+                            self.unreleased.push_back((now, transfer_id));
                         }
                     }
+                    // Nothing of it is left on the consumer to release.
                     ItemOutcome::Skipped { .. } => t.skipped += 1,
                     ItemOutcome::Failed { error } => {
                         t.failed += 1;
@@ -338,37 +378,88 @@ impl Run<'_> {
         }
     }
 
+    /// Finishes the item's request once it is pushed and (with events) announced by every
+    /// shard: the scheduler then cancels it on every shard.
+    fn release_if_done(&mut self, transfer_id: &str) {
+        let Some(item) = self.items.get_mut(transfer_id) else { return };
+        if self.args.keep || item.finished || !item.pushed || !(item.ready || self.args.no_events) {
+            return;
+        }
+        item.finished = true;
+        self.scheduler.finish_request(item.request);
+    }
+
+    /// Pushed items not announced by every shard within [`EVENT_GRACE`] (all of them with
+    /// `all`, at the end of the run) are released all the same, so a lost subscription
+    /// cannot fill the consumer's pool.
+    fn release_overdue(&mut self, all: bool) {
+        while let Some((at, transfer_id)) = self.unreleased.front() {
+            if !all && at.elapsed() < EVENT_GRACE {
+                return;
+            }
+            let transfer_id = transfer_id.clone();
+            self.unreleased.pop_front();
+            let Some(item) = self.items.get_mut(&transfer_id) else { continue };
+            if !self.args.keep && !item.finished {
+                item.finished = true;
+                self.scheduler.finish_request(item.request);
+            }
+        }
+    }
+
+    /// What the scheduler reports: items every shard announced, loads (taken with
+    /// --keep, else the request finishes unloaded) and releases.
+    fn scheduler_events(&mut self) {
+        self.scheduler.step();
+        while let Some(event) = self.scheduler.poll_event() {
+            match event {
+                SchedulerEvent::Ready { transfer_id, .. } => {
+                    let Some(item) = self.items.get_mut(&transfer_id) else { continue };
+                    if !item.ready {
+                        item.ready = true;
+                        self.tally.ready += 1;
+                    }
+                    self.release_if_done(&transfer_id);
+                }
+                SchedulerEvent::Load { consumer, transfer_id, .. } if self.args.keep => {
+                    self.scheduler.report_load(consumer, &transfer_id, true);
+                }
+                SchedulerEvent::Released { transfer_id, shards, gave_up, .. } => {
+                    if !self.items.contains_key(&transfer_id) {
+                        continue;
+                    }
+                    if gave_up.is_empty() {
+                        self.tally.released += 1;
+                    } else {
+                        tracing::warn!(%transfer_id, shards, ?gave_up, "could not release a pushed item on every shard");
+                    }
+                }
+                SchedulerEvent::Undiscovered { transfer_id, .. } => {
+                    tracing::warn!(%transfer_id, "could not release a pushed item: the consumer's shards are unknown");
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Reads readiness events; the core's multi-shard readiness says when an item is
     /// announced by every shard.
     fn drain_events(&mut self) {
-        let Some(inbox) = &mut self.inbox else { return };
-        let events: Vec<ReadyEvent> = inbox.drain().events;
-        let shard_count = inbox.shard_count();
-        for event in events {
-            if !self.awaiting.contains(&event.transfer_id) {
-                continue;
-            }
-            self.tally.events += 1;
-            let transfer_id = event.transfer_id.clone();
-            if self.readiness.handle_event(event, shard_count, self.clock.now()) == EventFate::Accepted {
-                self.tally.ready += 1;
-                self.awaiting.remove(&transfer_id);
+        if self.args.no_events {
+            return;
+        }
+        for heard in self.scheduler.drain() {
+            if self.items.get(&heard.transfer_id).is_some_and(|i| !i.ready) {
+                self.tally.events += 1;
             }
         }
-        // Nothing here loads items; the notices only matter to a real scheduler.
-        while self.readiness.poll_notice().is_some() {}
     }
 
     fn handle(&mut self, done: Done) {
         match done {
             Done::Reply { token, reply } => self.coordinator.handle_reply(token, reply, self.clock.now()),
-            Done::Released { transfer_id, result } => {
-                self.tally.releases_pending = self.tally.releases_pending.saturating_sub(1);
-                match result {
-                    Ok(()) => self.tally.released += 1,
-                    Err(error) => tracing::warn!(%transfer_id, %error, "could not release a pushed item"),
-                }
-            }
+            // The loop steps the scheduler next.
+            Done::Wake => {}
         }
     }
 }
@@ -458,16 +549,15 @@ impl DataPlane for CountingDataPlane {
 enum Job {
     /// A coordinator request.
     Request { token: Token, addr: String, frame: Vec<u8> },
-    /// The plain cancel a consumer's scheduler sends when the request that needed an item
-    /// finishes, to every shard. `ctlplane consumer` has no model to load items, so without
-    /// it READY items would hold their pool memory for the 300 s TTL and a run would stop
-    /// fitting after pool_bytes / nbytes items.
-    Release { transfer_id: String, shards: Vec<String> },
 }
 
 enum Done {
-    Reply { token: Token, reply: Result<Value, String> },
-    Released { transfer_id: String, result: Result<(), String> },
+    Reply {
+        token: Token,
+        reply: Result<Value, String>,
+    },
+    /// An answer reached the scheduler's driver.
+    Wake,
 }
 
 /// Threads executing control requests. Each has its own REQ socket per shard (the
@@ -507,6 +597,11 @@ impl Workers {
         jobs.send(job).map_err(|_| "push workers stopped".to_string())
     }
 
+    /// Every worker thread ended (they only end when stopped, or by panicking).
+    fn all_stopped(&self) -> bool {
+        !self.threads.is_empty() && self.threads.iter().all(JoinHandle::is_finished)
+    }
+
     /// Lets the workers finish what they hold and waits for them.
     fn stop(&mut self) {
         self.jobs = None;
@@ -517,18 +612,6 @@ impl Workers {
 }
 
 fn execute(client: &ControlClient, job: Job) -> Done {
-    match job {
-        Job::Request { token, addr, frame } => {
-            Done::Reply { token, reply: client.request_frame(&addr, &frame).map_err(|e| e.to_string()) }
-        }
-        Job::Release { transfer_id, shards } => {
-            let result =
-                shards.iter().try_for_each(|shard| match client.cancel(shard, &transfer_id, "", false, false) {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(format!("{shard} did not cancel it")),
-                    Err(e) => Err(format!("{shard}: {e}")),
-                });
-            Done::Released { transfer_id, result }
-        }
-    }
+    let Job::Request { token, addr, frame } = job;
+    Done::Reply { token, reply: client.request_frame(&addr, &frame).map_err(|e| e.to_string()) }
 }
