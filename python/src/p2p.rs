@@ -187,28 +187,24 @@ impl ZmqConnection {
     /// blocking), and the transport's lock is only ever held briefly by a `poll`.
     fn send(&self, msg: &Bound<'_, PyAny>) -> PyResult<()> {
         let frame = msgpack::encode(msg)?;
-        let outcome = self.with_own(|t| {
-            if !t.is_alive(&self.peer_id) {
-                return Err(P2pError::Refused(TransportError::SendOnClosed(self.peer_id.clone())));
-            }
-            t.send_frame(&self.peer_id, frame)
-        });
+        let outcome = if self.closed.load(Ordering::Acquire) {
+            None
+        } else {
+            lock(&self.shared).as_mut().map(|t| t.send_frame_on(&self.peer_id, self.conn, frame))
+        };
         match outcome {
-            Some(result) => result.map_err(p2p_error_to_py),
-            None => {
+            Some(Err(P2pError::Refused(TransportError::SendOnClosed(_)))) | None => {
                 Err(PyRuntimeError::new_err(format!("ZmqConnection: send on closed connection to {}", self.peer_id)))
             }
+            Some(result) => result.map_err(p2p_error_to_py),
         }
     }
 
     /// Every message received since the last call (may be empty).
     fn recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let frames = self.with_own(|t| t.recv_frames(&self.peer_id)).unwrap_or_default();
-        let list = PyList::empty(py);
-        for frame in &frames {
-            list.append(msgpack::decode(py, frame)?)?;
-        }
-        Ok(list)
+        let msgs = frames.iter().map(|frame| msgpack::decode(py, frame)).collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, msgs)
     }
 
     /// Liveness only: the transport releases the sockets at its next poll, and `recv()`

@@ -341,6 +341,16 @@ impl ConnectionRegistry {
         Ok(())
     }
 
+    /// [`Self::send_frame`] only while `conn` is still `peer`'s registered connection (a
+    /// caller holding a handle to a replaced connection gets `SendOnClosed`): one lookup
+    /// for a binding's send.
+    pub fn send_frame_on(&mut self, peer: &str, conn: ConnId, frame: Vec<u8>) -> Result<(), TransportError> {
+        match self.conns.get(peer) {
+            Some(c) if c.id == conn => self.send_frame(peer, frame),
+            _ => Err(TransportError::SendOnClosed(peer.to_string())),
+        }
+    }
+
     /// `peer`'s connection if a message may be sent on it.
     fn sendable(&self, peer: &str) -> Result<&Connection, TransportError> {
         let c = self.conns.get(peer).ok_or_else(|| TransportError::NotConnected(peer.to_string()))?;

@@ -128,6 +128,12 @@ impl ZmqTransport {
         self.carry_out()
     }
 
+    /// [`Self::send_frame`] only while `conn` is `peer`'s registered connection.
+    pub fn send_frame_on(&mut self, peer: &str, conn: ConnId, frame: Vec<u8>) -> Result<(), P2pError> {
+        self.registry.send_frame_on(peer, conn, frame)?;
+        self.carry_out()
+    }
+
     /// Everything received from `peer` since the last call.
     pub fn recv(&mut self, peer: &str) -> Vec<Value> {
         self.registry.recv(peer)
