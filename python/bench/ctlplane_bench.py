@@ -1,4 +1,4 @@
-"""Benchmarks of the ctlplane Python package (see docs/performance.md, section "[py]").
+"""Benchmarks of the ctlplane Python package (see docs/performance.md, section "Python package").
 
     python ctlplane_bench.py reserve N     # N reserve round trips, for callgrind
     python ctlplane_bench.py reserve-callback N  # the same against callback mode
