@@ -149,7 +149,10 @@ pub(crate) fn run<R: RngCore>(
             }
         }
         let Some(frame) = recv_request(&bound.rep)? else { continue };
-        match lock(shard).serve_request(&frame, clock.now(), &mut reply) {
+        // The shard's lock is released before the reply goes out (and before `halted`
+        // takes it again).
+        let step = lock(shard).serve_request(&frame, clock.now(), &mut reply);
+        match step {
             ServeStep::Reply => send_retrying(&bound.rep, &reply, 0).map_err(LoopError::Reply)?,
             _ => return Err(halted(shard)),
         }

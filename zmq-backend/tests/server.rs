@@ -164,3 +164,32 @@ fn the_reap_fault_switch_halts_a_real_server_and_only_it() {
     assert!(healthy.is_serving());
     assert_eq!(client.event_port(healthy.endpoint()).unwrap(), json!(healthy.event_port()));
 }
+
+/// EC S1 reaches production: with the switch on, an undecodable request halts the shard
+/// and the serving loop stops without answering it; with it off the same frame gets the
+/// malformed reply and serving goes on.
+#[test]
+fn the_undecodable_request_switch_halts_a_real_server_and_only_it() {
+    let healthy = start_server(|_| {});
+    let faulty = start_server(|c| c.regressions.s1_undecodable_kills_server = true);
+    let ctx = zmq::Context::new();
+    for (server, halts) in [(&healthy, false), (&faulty, true)] {
+        let req = raw_socket(&ctx, zmq::REQ, 1_000);
+        req.connect(server.endpoint()).unwrap();
+        req.send("{not json", 0).unwrap();
+        match req.recv_bytes(0) {
+            Ok(reply) => {
+                assert!(!halts, "a halted server answered");
+                assert_eq!(reply, MALFORMED);
+            }
+            Err(e) => assert!(halts, "the healthy server did not answer: {e}"),
+        }
+        // Bounded wait on the condition: the loop ends right after the frame.
+        let deadline = std::time::Instant::now() + common::PATIENCE;
+        while server.is_serving() == halts {
+            assert!(std::time::Instant::now() < deadline, "serving is {} after the frame", server.is_serving());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    assert!(healthy.is_serving() && !faulty.is_serving());
+}
