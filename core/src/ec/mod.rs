@@ -30,6 +30,7 @@ pub mod shapes;
 pub mod shard;
 pub mod slab;
 pub mod state;
+pub mod token;
 pub mod topology;
 pub mod wire;
 pub(crate) mod writer_index;

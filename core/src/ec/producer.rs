@@ -163,16 +163,7 @@ impl fmt::Display for BatchId {
     }
 }
 
-/// Routes the answer of a [`Transmit`] back to what asked for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Token(u64);
-
-impl Token {
-    /// The raw number (unique per coordinator).
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
+pub use super::token::Token;
 
 /// Which item's source bytes a write copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

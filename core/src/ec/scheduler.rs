@@ -79,16 +79,7 @@ impl RequestId {
     }
 }
 
-/// Routes the answer of a [`Transmit`] back to what asked for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Token(u64);
-
-impl Token {
-    /// The raw number (unique per scheduler).
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
+pub use super::token::Token;
 
 /// A sequence of control requests with at most one in flight: the driver may serve each
 /// lane with its own REQ sockets (a thread or task of its own).
