@@ -439,11 +439,14 @@ impl<R: RngCore> PeerManager<R> {
     }
 
     /// Every session gets its messages, then its deadline, then sends what it queued; a
-    /// dead one's connection is marked dead so the next poll sweeps it.
+    /// dead one's connection is marked dead so the next poll sweeps it. A session reads
+    /// only its own connection: a newcomer refused while a dead session still holds the
+    /// peer (S6) keeps its messages until the sweep drops and counts them.
     fn drive_sessions(&mut self, now: Instant) {
         let peers: Vec<String> = self.sessions.keys().cloned().collect();
         for peer in peers {
-            let msgs = self.registry.recv(&peer);
+            let own = self.sessions.get(&peer).is_some_and(|s| self.registry.conn_id(&peer) == Some(s.conn));
+            let msgs = if own { self.registry.recv(&peer) } else { Vec::new() };
             if let Some(s) = self.sessions.get_mut(&peer) {
                 for m in &msgs {
                     s.session.handle_message(m);

@@ -110,6 +110,10 @@ fn with_s6_the_replacement_is_refused_as_a_duplicate() {
     assert!(!ev.iter().any(|e| matches!(e, PeerEvent::Accepted { .. } | PeerEvent::PeerConnected { .. })));
     assert!(actions(&mut m).iter().any(|a| matches!(a, Action::CloseDealer { .. })), "the newcomer is closed");
     assert!(m.session_id(B).is_none(), "the dead session is reaped after admission");
+    // The dead session did not read the newcomer's Connect: the next sweep drops it.
+    assert_eq!(m.registry().stats().messages_lost_in_sweep, 0);
+    m.handle_sockets(PollInput::default(), now);
+    assert_eq!(m.registry().stats().messages_lost_in_sweep, 1, "the refused Connect is counted as lost");
 }
 
 #[test]
