@@ -204,17 +204,23 @@ fn s2_switch_off_the_restarted_peers_connect_lands_in_a_fresh_connection() {
 
 // p2p-s3: `mark_dead` and `close`.
 
-/// Established TCP connections to `port` on loopback, from the kernel's table: one per
-/// DEALER of ours that is still connected to the peer listening there.
+/// Established TCP connections to `127.0.0.1:port`, from the kernel's table: one per
+/// DEALER of ours that is still connected to the peer listening there (nothing else dials
+/// that OS-chosen port).
 fn established_to(port: u16) -> usize {
     let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
     table
         .lines()
         .skip(1)
         .filter(|line| {
+            // `sl local rem st ...`; addresses are `%08X:%04X`, the IPv4 address in host
+            // byte order.
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let remote_port = fields.get(2).and_then(|a| a.rsplit_once(':')).map(|(_, p)| u16::from_str_radix(p, 16));
-            fields.get(3) == Some(&"01") && matches!(remote_port, Some(Ok(p)) if p == port)
+            let remote = fields.get(2).and_then(|a| a.split_once(':'));
+            let to_peer = remote.is_some_and(|(addr, p)| {
+                matches!(addr, "0100007F" | "7F000001") && u16::from_str_radix(p, 16) == Ok(port)
+            });
+            to_peer && fields.get(3) == Some(&"01")
         })
         .count()
 }
