@@ -42,9 +42,10 @@ fn connect_of(peer_id: &str) -> Message {
 }
 
 /// A raw ROUTER on an OS-chosen loopback port, playing a peer's listening side; returns it
-/// and the peer id it stands for. With `handover`, a new link with a routing identity it
-/// already holds takes the identity over, so what the switched node sends on a new DEALER
-/// is read whenever this socket dropped the old link.
+/// and the peer id it stands for. With `handover`, a new link under an identity the socket
+/// already holds takes it over, so what the node sends on a new DEALER is read even while
+/// its retired DEALER's link is still being torn down (without it, libzmq refuses the
+/// newcomer for that while: p2p-s7).
 fn peer_router(ctx: &zmq::Context, handover: bool) -> (zmq::Socket, String) {
     let router = ctx.socket(zmq::ROUTER).unwrap();
     router.set_linger(0).unwrap();
@@ -76,9 +77,9 @@ fn until_router_readable(t: &ZmqTransport) {
 // p2p-s1: `connect` on a dead registration.
 
 /// `a` dials a peer (a raw ROUTER) and the link carries a message. `a`'s session with it
-/// then dies between two polls (a protocol error, a failed send: the session layer marks
-/// the connection dead, as `session_io` does) and, as a W1 node does, `a` dials the peer
-/// again at once, before any poll swept the dead registration.
+/// then dies between two polls (of a protocol error or a failed send; `session_io` marks
+/// its connection dead) and `a` dials the peer again at once, before any poll swept the
+/// dead registration.
 struct S1 {
     a: ZmqTransport,
     peer: zmq::Socket,
