@@ -3,15 +3,34 @@
 //! written with the core's one writer (`value::Writer`) and built by the core's one
 //! parser (`value::read`), with no intermediate value tree either way.
 
-use crate::{keys, utf8};
+use crate::keys::{self, Kept};
+use crate::utf8;
 use ctlplane_core::p2p::value::{self, Build, DecodeError, Writer};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::Borrowed;
 
 /// Writes `obj` as one msgpack value; what msgspec would refuse raises the same kind of
 /// error (and leaves `w`'s buffer in an unspecified state).
 pub fn write(w: &mut Writer<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    // The exact types control messages are made of first, one pointer comparison each;
+    // subclasses and the rarer types take the checks below, in msgspec's order.
+    if let Ok(s) = obj.cast_exact::<PyString>() {
+        return write_str(w, s);
+    }
+    if obj.is_exact_instance_of::<PyInt>() {
+        w.int(int_value(obj)?);
+        return Ok(());
+    }
+    if let Ok(b) = obj.cast_exact::<PyBytes>() {
+        w.bin(b.as_bytes());
+        return Ok(());
+    }
+    if let Ok(d) = obj.cast_exact::<PyDict>() {
+        return write_dict(w, d);
+    }
     if obj.is_none() {
         w.nil();
     } else if let Ok(b) = obj.cast::<PyBool>() {
@@ -21,14 +40,7 @@ pub fn write(w: &mut Writer<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     } else if let Ok(s) = obj.cast::<PyString>() {
         write_str(w, s)?;
     } else if let Ok(d) = obj.cast::<PyDict>() {
-        w.map(d.len());
-        for (k, v) in d.iter() {
-            let Ok(key) = k.cast::<PyString>() else {
-                return Err(PyTypeError::new_err("Only dicts with str keys are supported"));
-            };
-            write_str(w, key)?;
-            write(w, &v)?;
-        }
+        write_dict(w, d)?;
     } else if let Ok(b) = obj.cast::<PyBytes>() {
         w.bin(b.as_bytes());
     } else if let Ok(f) = obj.cast::<PyFloat>() {
@@ -52,6 +64,25 @@ pub fn write(w: &mut Writer<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+fn write_dict(w: &mut Writer<'_>, d: &Bound<'_, PyDict>) -> PyResult<()> {
+    w.map(d.len());
+    let py = d.py();
+    let (mut pos, mut key, mut value): (ffi::Py_ssize_t, *mut ffi::PyObject, *mut ffi::PyObject) =
+        (0, std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: `PyDict_Next` hands out borrowed references, valid while the dict is not
+    // changed. The GIL is held throughout and writing runs no Python code (exact `str`
+    // keys, values read through C accessors), so nothing can change it meanwhile.
+    while unsafe { ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut key, &mut value) } != 0 {
+        let (key, value) = unsafe { (Borrowed::from_ptr(py, key), Borrowed::from_ptr(py, value)) };
+        let Ok(key) = key.cast::<PyString>() else {
+            return Err(PyTypeError::new_err("Only dicts with str keys are supported"));
+        };
+        write_str(w, &key)?;
+        write(w, &value)?;
+    }
+    Ok(())
+}
+
 fn write_str(w: &mut Writer<'_>, s: &Bound<'_, PyString>) -> PyResult<()> {
     match utf8::as_str(s) {
         Some(text) => w.str(text),
@@ -69,17 +100,21 @@ fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
     obj.extract::<u64>().map(i128::from).map_err(|_| PyOverflowError::new_err("Integer value out of range"))
 }
 
-/// `obj` as one msgpack frame.
-pub fn encode(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
-    // Room for a typical control message, so the writer never grows the buffer.
-    let mut frame = Vec::with_capacity(256);
-    write(&mut Writer::new(&mut frame), obj)?;
-    Ok(frame)
+/// The Python objects msgspec's `decode` builds from each frame, in order, in one list.
+pub fn decode_list<'py, F: AsRef<[u8]>>(py: Python<'py>, frames: &[F]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    keys::with_kept(|keys| {
+        for frame in frames {
+            // Every call here runs with the GIL held and no Python code, so the kept keys
+            // stay borrowed for the whole batch.
+            list.append(decode_with(py, keys, frame.as_ref())?)?;
+        }
+        Ok(list)
+    })
 }
 
-/// The Python object msgspec's `decode` builds from `frame`.
-pub fn decode<'py>(py: Python<'py>, frame: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-    value::read(frame, &mut PyBuilder { py }).map_err(|e| match e {
+fn decode_with<'py>(py: Python<'py>, keys: &mut Kept, frame: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    value::read(frame, &mut PyBuilder { py, keys }).map_err(|e| match e {
         BuildError::Frame(e) => PyValueError::new_err(e.to_string()),
         BuildError::Py(e) => e,
     })
@@ -103,13 +138,14 @@ impl From<PyErr> for BuildError {
 }
 
 /// Builds Python objects as msgspec does.
-struct PyBuilder<'py> {
+struct PyBuilder<'py, 'k> {
     py: Python<'py>,
+    keys: &'k mut Kept,
 }
 
 type Built<'py> = Result<Bound<'py, PyAny>, BuildError>;
 
-impl<'py> Build for PyBuilder<'py> {
+impl<'py> Build for PyBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     type Seq = Bound<'py, PyList>;
     type Map = Bound<'py, PyDict>;
@@ -150,7 +186,7 @@ impl<'py> Build for PyBuilder<'py> {
         Ok(PyDict::new(self.py))
     }
     fn insert(&mut self, map: &mut Bound<'py, PyDict>, key: &str, value: Bound<'py, PyAny>) -> Result<(), BuildError> {
-        Ok(map.set_item(keys::key_string(self.py, key), value)?)
+        Ok(map.set_item(self.keys.key(self.py, key), value)?)
     }
     fn end_map(&mut self, map: Bound<'py, PyDict>) -> Built<'py> {
         Ok(map.into_any())

@@ -3,13 +3,21 @@
 
 use crate::msgpack;
 use ctlplane_core::p2p::peer_check::UnknownMode;
+use ctlplane_core::p2p::value::Writer;
 use ctlplane_core::p2p::{AllowEntry, ConnId, PeerCheck, PeerCheckMode, TransportError};
 use ctlplane_zmq::{P2pError, TransportOptions};
 use pyo3::exceptions::{PyAssertionError, PyConnectionError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+thread_local! {
+    /// The frame buffer of this thread's sends: a control message is written into it and
+    /// copied into libzmq's message, so a send allocates nothing of its own.
+    static FRAME: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 type Shared = Arc<Mutex<Option<ctlplane_zmq::ZmqTransport>>>;
 
@@ -186,12 +194,15 @@ impl ZmqConnection {
     /// Keeps the GIL: the send never waits on the network (the DEALER is written without
     /// blocking), and the transport's lock is only ever held briefly by a `poll`.
     fn send(&self, msg: &Bound<'_, PyAny>) -> PyResult<()> {
-        let frame = msgpack::encode(msg)?;
-        let outcome = if self.closed.load(Ordering::Acquire) {
-            None
-        } else {
-            lock(&self.shared).as_mut().map(|t| t.send_frame_on(&self.peer_id, self.conn, frame))
-        };
+        let outcome = FRAME.with_borrow_mut(|frame| {
+            frame.clear();
+            msgpack::write(&mut Writer::new(frame), msg)?;
+            Ok::<_, PyErr>(if self.closed.load(Ordering::Acquire) {
+                None
+            } else {
+                lock(&self.shared).as_mut().map(|t| t.send_frame_on(&self.peer_id, self.conn, frame))
+            })
+        })?;
         match outcome {
             Some(Err(P2pError::Refused(TransportError::SendOnClosed(_)))) | None => {
                 Err(PyRuntimeError::new_err(format!("ZmqConnection: send on closed connection to {}", self.peer_id)))
@@ -203,8 +214,7 @@ impl ZmqConnection {
     /// Every message received since the last call (may be empty).
     fn recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let frames = self.with_own(|t| t.recv_frames(&self.peer_id)).unwrap_or_default();
-        let msgs = frames.iter().map(|frame| msgpack::decode(py, frame)).collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, msgs)
+        msgpack::decode_list(py, &frames)
     }
 
     /// Liveness only: the transport releases the sockets at its next poll, and `recv()`

@@ -332,22 +332,27 @@ impl ConnectionRegistry {
         debug_assert_eq!(value::validate(&frame), Ok(()), "send_frame takes one msgpack value");
         let c = self.sendable(peer)?;
         let conn = c.id;
-        if let Some(limit) = self.config.max_message_bytes {
-            if frame.len() > limit {
-                return Err(TransportError::TooLarge(limit));
-            }
-        }
+        self.check_size(frame.len())?;
         self.actions.push_back(Action::Transmit { conn, frame });
         Ok(())
     }
 
-    /// [`Self::send_frame`] only while `conn` is still `peer`'s registered connection (a
-    /// caller holding a handle to a replaced connection gets `SendOnClosed`): one lookup
-    /// for a binding's send.
-    pub fn send_frame_on(&mut self, peer: &str, conn: ConnId, frame: Vec<u8>) -> Result<(), TransportError> {
+    /// The checks of [`Self::send_frame`] for a frame of `len` bytes on `conn`, which must
+    /// still be `peer`'s registered connection (a caller holding a handle to a replaced
+    /// connection gets `SendOnClosed`). `Ok` means the driver transmits the frame on
+    /// `conn` at once, as it would carry out the `Transmit` that `send_frame` queues; a
+    /// binding's send takes this path to skip the queue.
+    pub fn may_transmit_on(&self, peer: &str, conn: ConnId, len: usize) -> Result<(), TransportError> {
         match self.conns.get(peer) {
-            Some(c) if c.id == conn => self.send_frame(peer, frame),
+            Some(c) if c.id == conn && c.alive() => self.check_size(len),
             _ => Err(TransportError::SendOnClosed(peer.to_string())),
+        }
+    }
+
+    fn check_size(&self, len: usize) -> Result<(), TransportError> {
+        match self.config.max_message_bytes {
+            Some(limit) if len > limit => Err(TransportError::TooLarge(limit)),
+            _ => Ok(()),
         }
     }
 

@@ -222,8 +222,13 @@ impl<'a> Writer<'a> {
         self.out.extend_from_slice(&x.to_be_bytes());
     }
 
+    #[inline]
     pub fn str(&mut self, s: &str) {
-        self.len(s.len(), Some((0xa0, 31)), Some(0xd9), 0xda, 0xdb);
+        match u8::try_from(s.len()) {
+            // A fixstr, as nearly every key and short value is.
+            Ok(n @ 0..=31) => self.out.push(0xa0 | n),
+            _ => self.len(s.len(), Some((0xa0, 31)), Some(0xd9), 0xda, 0xdb),
+        }
         self.out.extend_from_slice(s.as_bytes());
     }
 
@@ -330,8 +335,86 @@ pub fn decode(frame: &[u8]) -> Result<Value, DecodeError> {
 }
 
 /// Whether `frame` decodes (the same verdict as [`decode`]), building nothing.
+///
+/// Every received frame is checked here before it is queued, so the common case takes
+/// [`skim`]'s plain walk; only a frame it does not pass is read again by the parser, whose
+/// error is the one reported. Either way the verdict is the parser's.
 pub fn validate(frame: &[u8]) -> Result<(), DecodeError> {
+    if skim(frame) {
+        return Ok(());
+    }
     read(frame, &mut Check).map(|_| ())
+}
+
+/// True only if `frame` is one value that [`read`] accepts: the parser's checks (markers,
+/// lengths, UTF-8, string keys, the depth bound, no trailing bytes) without its generic
+/// builder. `false` is no verdict; the caller asks the parser.
+fn skim(frame: &[u8]) -> bool {
+    let mut pos = 0;
+    skim_value(frame, &mut pos, 0) && pos == frame.len()
+}
+
+fn skim_value(d: &[u8], pos: &mut usize, depth: usize) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    let Some(&m) = d.get(*pos) else { return false };
+    *pos += 1;
+    match m {
+        0x00..=0x7f | 0xc0 | 0xc2 | 0xc3 | 0xe0..=0xff => true,
+        0x80..=0x8f => skim_map(d, pos, usize::from(m & 0x0f), depth),
+        0x90..=0x9f => skim_array(d, pos, usize::from(m & 0x0f), depth),
+        0xa0..=0xbf => skim_str(d, pos, usize::from(m & 0x1f)),
+        0xc4..=0xc6 => skim_len(d, pos, 1 << (m - 0xc4)).is_some_and(|n| skim_bytes(d, pos, n).is_some()),
+        0xca => skim_bytes(d, pos, 4).is_some(),
+        0xcb => skim_bytes(d, pos, 8).is_some(),
+        0xcc..=0xcf => skim_bytes(d, pos, 1 << (m - 0xcc)).is_some(),
+        0xd0..=0xd3 => skim_bytes(d, pos, 1 << (m - 0xd0)).is_some(),
+        0xd9..=0xdb => skim_len(d, pos, 1 << (m - 0xd9)).is_some_and(|n| skim_str(d, pos, n)),
+        0xdc | 0xdd => skim_len(d, pos, if m == 0xdc { 2 } else { 4 }).is_some_and(|n| skim_array(d, pos, n, depth)),
+        0xde | 0xdf => skim_len(d, pos, if m == 0xde { 2 } else { 4 }).is_some_and(|n| skim_map(d, pos, n, depth)),
+        _ => false,
+    }
+}
+
+fn skim_array(d: &[u8], pos: &mut usize, len: usize, depth: usize) -> bool {
+    // Each element takes a byte at least, so a lying length runs out of frame.
+    (0..len).all(|_| skim_value(d, pos, depth + 1))
+}
+
+fn skim_map(d: &[u8], pos: &mut usize, len: usize, depth: usize) -> bool {
+    (0..len).all(|_| {
+        // Keys as `Reader::key` takes them: a `str`, above the depth bound.
+        let key = match d.get(*pos) {
+            Some(&k @ 0xa0..=0xbf) if depth < MAX_DEPTH => {
+                *pos += 1;
+                skim_str(d, pos, usize::from(k & 0x1f))
+            }
+            Some(&k @ 0xd9..=0xdb) if depth < MAX_DEPTH => {
+                *pos += 1;
+                skim_len(d, pos, 1 << (k - 0xd9)).is_some_and(|n| skim_str(d, pos, n))
+            }
+            _ => false,
+        };
+        key && skim_value(d, pos, depth + 1)
+    })
+}
+
+fn skim_str(d: &[u8], pos: &mut usize, n: usize) -> bool {
+    skim_bytes(d, pos, n).is_some_and(|s| s.is_ascii() || std::str::from_utf8(s).is_ok())
+}
+
+/// A big-endian length of `width` bytes.
+fn skim_len(d: &[u8], pos: &mut usize, width: usize) -> Option<usize> {
+    let bytes = skim_bytes(d, pos, width)?;
+    usize::try_from(bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b))).ok()
+}
+
+fn skim_bytes<'a>(d: &'a [u8], pos: &mut usize, n: usize) -> Option<&'a [u8]> {
+    let end = pos.checked_add(n)?;
+    let s = d.get(*pos..end)?;
+    *pos = end;
+    Some(s)
 }
 
 /// Builds [`Value`]s.
@@ -611,6 +694,53 @@ mod tests {
             ("blob", Value::Bin(vec![7; 70000])),
         ]);
         assert_eq!(decode(&encode(&v)), Ok(v));
+    }
+
+    proptest::proptest! {
+        /// The skim never passes a frame the parser refuses, on random bytes and on
+        /// valid frames with one byte changed or cut.
+        #[test]
+        fn skim_passes_only_what_the_parser_accepts(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            at in 0usize..64,
+            to in proptest::num::u8::ANY,
+            cut in 0usize..64,
+        ) {
+            let good = encode(&Value::map([
+                ("type", Value::from("block")),
+                ("seq", Value::Int(300)),
+                ("key", Value::Bin(vec![7; 33])),
+                ("list", Value::Array(vec![Value::Float(0.5), Value::Nil, Value::Int(-40000)])),
+                ("name", Value::Str("é".repeat(20))),
+            ]));
+            let mut changed = good.clone();
+            let i = at % changed.len();
+            changed[i] = to;
+            for frame in [bytes.as_slice(), changed.as_slice(), &good[..cut.min(good.len())]] {
+                let parsed = read(frame, &mut Check).map(|_| ());
+                proptest::prop_assert!(!skim(frame) || parsed.is_ok(), "skim passed {frame:02x?}: {parsed:?}");
+                proptest::prop_assert_eq!(validate(frame), parsed);
+            }
+            proptest::prop_assert!(skim(&good));
+        }
+    }
+
+    #[test]
+    fn skim_keeps_the_depth_bound_and_string_keys() {
+        let mut deep = vec![0x91; MAX_DEPTH];
+        deep.push(0x80);
+        assert!(skim(&deep));
+        assert_eq!(validate(&deep), Ok(()));
+        let mut too_deep = vec![0x91; MAX_DEPTH + 1];
+        too_deep.push(0x80);
+        assert!(!skim(&too_deep));
+        assert_eq!(validate(&too_deep), Err(DecodeError::TooDeep));
+        assert!(!skim(&[0x81, 0x01, 0x02]));
+        assert_eq!(validate(&[0x81, 0x01, 0x02]), Err(DecodeError::NonStringKey("int")));
+        assert!(!skim(&[0xa1, 0xff]));
+        assert_eq!(validate(&[0xa1, 0xff]), Err(DecodeError::InvalidUtf8));
+        assert!(!skim(&[0xc0, 0xc0]));
+        assert_eq!(validate(&[0xc0, 0xc0]), Err(DecodeError::TrailingBytes));
     }
 
     #[test]

@@ -134,27 +134,31 @@ impl SocketSet {
                 }
                 Ok(())
             }
-            Action::Transmit { conn, frame } => {
-                let Some((peer, dealer)) = self.dealers.get(&conn) else {
-                    return Err(ActionError::Send(ctlplane_core::p2p::TransportError::Closed.into()));
-                };
-                let flags = match mode {
-                    SendMode::NonBlocking => zmq::DONTWAIT,
-                    SendMode::BlockAtHwm => 0,
-                };
-                // A small frame is copied into a libzmq message (one allocation, freed by
-                // whichever thread closes it); a large one is handed over without a copy.
-                let sent = if frame.len() <= COPY_FRAMES_UP_TO {
-                    dealer.dealer.send(&frame[..], flags)
-                } else {
-                    dealer.dealer.send(frame, flags)
-                };
-                match sent {
-                    Ok(()) => Ok(()),
-                    Err(zmq::Error::EAGAIN) => Err(ActionError::Full(conn)),
-                    Err(source) => Err(ActionError::Send(P2pError::Send { peer: peer.clone(), source })),
-                }
-            }
+            Action::Transmit { conn, mut frame } => self.transmit(conn, &mut frame, mode),
+        }
+    }
+
+    /// Writes `frame` to `conn`'s DEALER without waiting (unless `mode` restores the
+    /// blocking send). A small frame is copied into a libzmq message (one allocation,
+    /// freed by whichever thread closes it) and `frame` keeps its buffer for the next
+    /// message; a large one is handed over without a copy, leaving `frame` empty.
+    pub fn transmit(&mut self, conn: ConnId, frame: &mut Vec<u8>, mode: SendMode) -> Result<(), ActionError> {
+        let Some((peer, dealer)) = self.dealers.get(&conn) else {
+            return Err(ActionError::Send(ctlplane_core::p2p::TransportError::Closed.into()));
+        };
+        let flags = match mode {
+            SendMode::NonBlocking => zmq::DONTWAIT,
+            SendMode::BlockAtHwm => 0,
+        };
+        let sent = if frame.len() <= COPY_FRAMES_UP_TO {
+            dealer.dealer.send(&frame[..], flags)
+        } else {
+            dealer.dealer.send(std::mem::take(frame), flags)
+        };
+        match sent {
+            Ok(()) => Ok(()),
+            Err(zmq::Error::EAGAIN) => Err(ActionError::Full(conn)),
+            Err(source) => Err(ActionError::Send(P2pError::Send { peer: peer.clone(), source })),
         }
     }
 

@@ -128,10 +128,13 @@ impl ZmqTransport {
         self.carry_out()
     }
 
-    /// [`Self::send_frame`] only while `conn` is `peer`'s registered connection.
-    pub fn send_frame_on(&mut self, peer: &str, conn: ConnId, frame: Vec<u8>) -> Result<(), P2pError> {
-        self.registry.send_frame_on(peer, conn, frame)?;
-        self.carry_out()
+    /// [`Self::send_frame`] only while `conn` is `peer`'s registered connection, written to
+    /// the DEALER at once (the registry's `may_transmit_on` decides). `frame` keeps its
+    /// buffer for reuse unless it was large enough to be handed over.
+    pub fn send_frame_on(&mut self, peer: &str, conn: ConnId, frame: &mut Vec<u8>) -> Result<(), P2pError> {
+        self.registry.may_transmit_on(peer, conn, frame.len())?;
+        let sent = self.sockets.transmit(conn, frame, self.registry.send_mode());
+        self.settle(sent, None)
     }
 
     /// Everything received from `peer` since the last call.
@@ -225,27 +228,32 @@ impl ZmqTransport {
                 Action::OpenDealer { peer, .. } => Some(peer.clone()),
                 _ => None,
             };
-            let result = match self.sockets.perform(action, self.registry.send_mode()) {
-                Ok(()) => Ok(()),
-                Err(ActionError::Open(e)) => {
-                    // Nothing is open: retire the registration (T2's rollback), so the
-                    // next poll sweeps it and a later connect starts afresh.
-                    if let Some(peer) = peer {
-                        self.registry.close(&peer);
-                    }
-                    Err(e)
-                }
-                Err(ActionError::Full(conn)) => match self.registry.queue_full(conn) {
-                    TransportError::QueueFull { peer } => Err(P2pError::QueueFull { peer }),
-                    other => Err(other.into()),
-                },
-                Err(ActionError::Send(e)) => Err(e),
-            };
-            if let Err(e) = result {
+            let performed = self.sockets.perform(action, self.registry.send_mode());
+            if let Err(e) = self.settle(performed, peer) {
                 first.get_or_insert(e);
             }
         }
         first.map_or(Ok(()), Err)
+    }
+
+    /// What the caller gets for one carried-out action, the registry told of a failure.
+    fn settle(&mut self, performed: Result<(), ActionError>, opened: Option<String>) -> Result<(), P2pError> {
+        match performed {
+            Ok(()) => Ok(()),
+            Err(ActionError::Open(e)) => {
+                // Nothing is open: retire the registration (T2's rollback), so the
+                // next poll sweeps it and a later connect starts afresh.
+                if let Some(peer) = opened {
+                    self.registry.close(&peer);
+                }
+                Err(e)
+            }
+            Err(ActionError::Full(conn)) => match self.registry.queue_full(conn) {
+                TransportError::QueueFull { peer } => Err(P2pError::QueueFull { peer }),
+                other => Err(other.into()),
+            },
+            Err(ActionError::Send(e)) => Err(e),
+        }
     }
 }
 
