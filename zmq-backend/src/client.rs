@@ -15,7 +15,7 @@ use ctlplane_core::ec::pyjson;
 use ctlplane_core::ec::reply_text;
 use ctlplane_core::ec::request_slot::{Busy, Ending, Failure, Outcome, RequestSlot, SlotRegressions};
 use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
-use ctlplane_core::ec::topology::{TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
+use ctlplane_core::ec::topology::{self, TopologyCache, TopologyError};
 use ctlplane_core::ec::wire::{self, WireError};
 use serde_json::Value;
 use std::cell::RefCell;
@@ -268,15 +268,10 @@ impl ControlClient {
         }
     }
 
-    /// [`Self::discover_shards`], tried `DISCOVERY_ATTEMPTS` times; callers never fall back
-    /// to the base address alone.
+    /// [`Self::discover_shards`] as the core's `topology::confirm` repeats it; callers
+    /// never fall back to the base address alone.
     pub fn shards(&self, base: &str) -> Result<Vec<String>, TopologyError> {
-        for _ in 0..DISCOVERY_ATTEMPTS {
-            if let Some(shards) = self.discover_shards(base) {
-                return Ok(shards);
-            }
-        }
-        Err(TopologyError { base: base.to_string() })
+        topology::confirm(base, || self.discover_shards(base))
     }
 
     /// Runs `f` on the client's confirmed topologies. The event inbox's discovery goes

@@ -13,6 +13,15 @@ use thiserror::Error;
 /// `_CANCEL_ATTEMPTS`: discovery (and cancel) attempts before a caller gives up.
 pub const DISCOVERY_ATTEMPTS: u32 = 2;
 
+/// How a blocking client confirms a topology: `discover` (the cache, else one `peers`
+/// request, its reply recorded) is tried up to [`DISCOVERY_ATTEMPTS`] times; the caller
+/// never falls back to the base address alone (race S8).
+pub fn confirm(base: &str, mut discover: impl FnMut() -> Option<Vec<String>>) -> Result<Vec<String>, TopologyError> {
+    (0..DISCOVERY_ATTEMPTS)
+        .find_map(|_| discover())
+        .ok_or_else(|| TopologyError { base: base.to_string() })
+}
+
 /// Why a `peers` reply did not yield a topology.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PeersError {

@@ -28,8 +28,9 @@ const RPC_PORT: u16 = 15000;
 /// address, so each picks a distinct one, and a restarted rank a new one, as a fresh
 /// ephemeral bind would.
 const EVENT_PORT_BASE: u16 = 40000;
-/// Binds refused (the previous incarnation's port not yet released) before giving up.
-const BIND_ATTEMPTS: u32 = 50;
+/// How long a restarted rank waits for its previous incarnation's port to be released
+/// (a refused bind is retried every tick) before giving up.
+const BIND_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Runs one rank until its serving loop fails; turmoil restarts it on `bounce`.
 pub async fn run(host: String) -> turmoil::Result {
@@ -118,12 +119,14 @@ impl Stop {
 }
 
 async fn bind_retrying(host: &str, socket: &Socket, port: u16) -> bool {
-    for _ in 0..BIND_ATTEMPTS {
+    let mut waited = Duration::ZERO;
+    while waited < BIND_PATIENCE {
         match socket.bind(&format!("tcp://0.0.0.0:{port}")).await {
             Ok(_) => return true,
             Err(e) => {
                 tracing::debug!(%host, port, error = %e, "bind refused; retrying");
                 clock::sleep(TICK).await;
+                waited += TICK;
             }
         }
     }
