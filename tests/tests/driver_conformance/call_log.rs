@@ -26,11 +26,6 @@ impl CallLog {
     pub fn lines(&self) -> Vec<String> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
-
-    /// Whether some line so far contains `needle`.
-    pub fn contains(&self, needle: &str) -> bool {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|l| l.contains(needle))
-    }
 }
 
 #[derive(Default)]
