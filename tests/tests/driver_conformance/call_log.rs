@@ -1,9 +1,15 @@
 //! Collects the core's conformance events (`ctlplane_core::conformance`) of the machines
 //! the calling thread drives.
+//!
+//! One process-wide subscriber, installed once, hands each event to the log the emitting
+//! thread is recording into: a thread-local default subscriber per test would leave
+//! callsites cached as uninterested when tests start and stop subscribers (`tracing`
+//! caches a callsite's interest process-wide).
 
 use ctlplane_core::conformance::TARGET;
+use std::cell::RefCell;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, Once, PoisonError};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::Targets;
@@ -14,19 +20,49 @@ use tracing_subscriber::Layer;
 #[derive(Clone, Default)]
 pub struct CallLog(Arc<Mutex<Vec<String>>>);
 
+thread_local! {
+    /// The log the current thread records into.
+    static RECORDING: RefCell<Option<CallLog>> = const { RefCell::new(None) };
+}
+
+static INSTALL: Once = Once::new();
+
+/// Puts the thread's previous log back, even when the recorded closure panics.
+struct Restore(Option<CallLog>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        RECORDING.with(|r| *r.borrow_mut() = previous);
+    }
+}
+
 impl CallLog {
     /// Runs `f` with this log recording the conformance events of the calling thread.
     pub fn record<T>(&self, f: impl FnOnce() -> T) -> T {
-        let layer = self.clone().with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE));
-        let subscriber = tracing_subscriber::registry().with(layer);
-        tracing::subscriber::with_default(subscriber, f)
+        INSTALL.call_once(|| {
+            let layer = ToRecording.with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE));
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
+                .expect("no other global subscriber in this test binary");
+            // Callsites registered before the subscriber was in place are asked again.
+            tracing::callsite::rebuild_interest_cache();
+        });
+        let _restore = Restore(RECORDING.with(|r| r.borrow_mut().replace(self.clone())));
+        f()
     }
 
     /// Every line so far.
     pub fn lines(&self) -> Vec<String> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
+
+    fn push(&self, line: String) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+    }
 }
+
+/// The process-wide layer: each event to the emitting thread's log, if it records.
+struct ToRecording;
 
 #[derive(Default)]
 struct Fields {
@@ -51,12 +87,12 @@ impl Visit for Fields {
     }
 }
 
-impl<S: Subscriber> Layer<S> for CallLog {
+impl<S: Subscriber> Layer<S> for ToRecording {
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let Some(log) = RECORDING.with(|r| r.borrow().clone()) else { return };
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let line = format!("{} {}: {}", fields.machine, fields.call, fields.detail);
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+        log.push(format!("{} {}: {}", fields.machine, fields.call, fields.detail));
     }
 }
 
