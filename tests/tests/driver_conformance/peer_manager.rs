@@ -125,26 +125,27 @@ impl Scripted {
                 let got = value::decode(&payload).ok().and_then(|v| Message::parse(&v).ok());
                 let Some(Parsed::Message(m)) = got else { panic!("step {step:?}: not a message: {payload:?}") };
                 assert_eq!(m.kind(), kind, "step {step:?}: got {m:?}");
-                Do::Wait
+                None
             }
             Step::AwaitLog(needle) => {
                 let lines = log.lines();
                 if !lines.get(self.mark..).unwrap_or_default().iter().any(|l| l.contains(needle)) {
                     return Do::Wait;
                 }
-                Do::Wait
+                None
             }
-            Step::Dial => Do::Dial,
-            Step::Send(out) => Do::Send(self.frame(out)),
-            Step::Crash => Do::Crash,
+            Step::Dial => Some(Do::Dial),
+            Step::Send(out) => Some(Do::Send(self.frame(out))),
+            Step::Crash => Some(Do::Crash),
             Step::Rebind => {
                 self.incarnation += 1;
-                Do::Rebind
+                Some(Do::Rebind)
             }
         };
         self.steps.pop_front();
         self.mark = log.lines().len();
-        act
+        // A condition met: the next step may be possible at once.
+        act.unwrap_or_else(|| self.next(log))
     }
 
     fn frame(&self, out: Out) -> Vec<u8> {
@@ -214,9 +215,10 @@ fn production() -> Vec<String> {
     use ctlplane_zmq::{ManagerLoop, TransportOptions};
     use rand_chacha::rand_core::SeedableRng;
 
+    /// The scripted peer's process: its context and sockets (none while it is down).
     struct Peer {
         ctx: zmq::Context,
-        router: zmq::Socket,
+        router: Option<zmq::Socket>,
         dealer: Option<zmq::Socket>,
         port: u16,
     }
@@ -231,7 +233,7 @@ fn production() -> Vec<String> {
     let router = bind(&ctx, 0).expect("scripted ROUTER");
     let endpoint = router.get_last_endpoint().expect("endpoint").expect("utf-8 endpoint");
     let port: u16 = endpoint.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
-    let mut peer = Peer { ctx, router, dealer: None, port };
+    let mut peer = Peer { ctx, router: Some(router), dealer: None, port };
     let scripted_id = format!("127.0.0.1:{port}");
 
     let log = CallLog::default();
@@ -259,7 +261,7 @@ fn production() -> Vec<String> {
                     let _ = node.send_on(peer, session, reply);
                 }
             });
-            while let Ok(frames) = peer.router.recv_multipart(zmq::DONTWAIT) {
+            while let Some(Ok(frames)) = peer.router.as_ref().map(|r| r.recv_multipart(zmq::DONTWAIT)) {
                 script.received(frames);
             }
             loop {
@@ -277,15 +279,14 @@ fn production() -> Vec<String> {
                         peer.dealer.as_ref().expect("dialled").send(frame, zmq::DONTWAIT).expect("send");
                     }
                     Do::Crash => {
-                        // Closing every socket and ending the context: the ports are free again.
-                        let ctx = std::mem::replace(&mut peer.ctx, zmq::Context::new());
+                        // Every socket closes (linger 0) and the context ends, which waits
+                        // until they are: the port is free again.
                         peer.dealer = None;
-                        let old = std::mem::replace(&mut peer.router, peer.ctx.socket(zmq::ROUTER).expect("ROUTER"));
-                        drop(old);
-                        drop(ctx);
+                        peer.router = None;
+                        peer.ctx = zmq::Context::new();
                     }
                     Do::Rebind => {
-                        peer.router = bind(&peer.ctx, peer.port).expect("rebind the scripted ROUTER on its port");
+                        peer.router = Some(bind(&peer.ctx, peer.port).expect("rebind the scripted ROUTER on its port"));
                     }
                 }
             }
@@ -293,9 +294,7 @@ fn production() -> Vec<String> {
         (node, node_id)
     });
     drop(node);
-    let mut names = names(&node_id, &scripted_id, &["127.0.0.1"]);
-    names.retain(|(from, _)| !from.is_empty());
-    normalise(&log.lines(), &names)
+    normalise(&log.lines(), &names(&node_id, &scripted_id, &["127.0.0.1"]))
 }
 
 fn simulated() -> Vec<String> {
@@ -320,18 +319,26 @@ fn simulated() -> Vec<String> {
         let mut script = Scripted::new(id.clone(), peer_id(NODE));
         let bind_at = format!("tcp://{SCRIPTED}:{}", ctlplane_sim::p2p::PORT);
         let mut ctx = Context::new(SCRIPTED);
-        let mut router = Socket::new(&ctx, SocketType::Router, SocketOptions::default());
+        let router = Socket::new(&ctx, SocketType::Router, SocketOptions::default());
         router.bind(&bind_at).await?;
+        let mut router = Some(router);
         let mut dealer: Option<Socket> = None;
         loop {
-            while let Ok(frames) = router.try_recv() {
+            while let Some(Ok(frames)) = router.as_ref().map(Socket::try_recv) {
                 script.received(frames);
             }
             match script.next(&script_log) {
                 Do::Wait => {
+                    // A message, or a look at the node's log again (nothing wakes on a log line).
+                    let readable = async {
+                        match &router {
+                            Some(r) => r.readable().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         biased;
-                        _ = router.readable() => {}
+                        _ = readable => {}
                         _ = ctlplane_sim::clock::sleep(Duration::from_millis(5)) => {}
                     }
                 }
@@ -344,14 +351,14 @@ fn simulated() -> Vec<String> {
                 }
                 Do::Send(frame) => dealer.as_ref().ok_or("not dialled")?.try_send(vec![frame])?,
                 Do::Crash => {
-                    if let Some(d) = dealer.take() {
-                        d.close();
-                    }
+                    dealer.take().map(Socket::close);
+                    router.take().map(Socket::close);
                     ctx = Context::new(SCRIPTED);
-                    std::mem::replace(&mut router, Socket::new(&ctx, SocketType::Router, SocketOptions::default())).close();
                 }
                 Do::Rebind => {
-                    router.bind(&bind_at).await?;
+                    let r = Socket::new(&ctx, SocketType::Router, SocketOptions::default());
+                    r.bind(&bind_at).await?;
+                    router = Some(r);
                 }
             }
         }
