@@ -53,7 +53,8 @@ impl ControlClient {
     pub async fn request(&self, addr: &str, frame: Vec<u8>) -> Result<Value, String> {
         let now = clock::now();
         // Outside an EC world endpoints name hosts directly.
-        let target = world::try_with(|w| w.topo.resolve(addr, &w.event_ports)).unwrap_or_else(|| Some(addr.to_string()));
+        let target =
+            world::try_with(|w| w.topo.resolve(addr, &w.event_ports)).unwrap_or_else(|| Some(addr.to_string()));
         let (begin, socket) = {
             let mut conns = self.conns.borrow_mut();
             let conn = conns.entry(addr.to_string()).or_insert_with(|| Conn {

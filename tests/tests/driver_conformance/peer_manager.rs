@@ -111,7 +111,8 @@ impl Scripted {
 
     /// A ROUTER message arrived.
     fn received(&mut self, frames: Vec<Vec<u8>>) {
-        let [identity, payload]: [Vec<u8>; 2] = frames.try_into().unwrap_or_else(|f| panic!("not [identity, payload]: {f:?}"));
+        let [identity, payload]: [Vec<u8>; 2] =
+            frames.try_into().unwrap_or_else(|f| panic!("not [identity, payload]: {f:?}"));
         self.inbox.push_back((identity, payload));
     }
 
@@ -175,10 +176,8 @@ impl Scripted {
 /// `<host>` (a host alone), and without the calls of turns with nothing to do: an empty
 /// socket poll or a tick that no action or event follows.
 fn normalise(lines: &[String], names: &[(String, &str)]) -> Vec<String> {
-    let lines: Vec<String> = lines
-        .iter()
-        .map(|l| names.iter().fold(l.clone(), |l, (from, to)| l.replace(from.as_str(), to)))
-        .collect();
+    let lines: Vec<String> =
+        lines.iter().map(|l| names.iter().fold(l.clone(), |l, (from, to)| l.replace(from.as_str(), to))).collect();
     let idle = |l: &str| l == "peer_manager tick: " || l == "peer_manager sockets: router [] monitor [] -> accepted []";
     let output = |l: &str| l.starts_with("peer_manager action: ") || l.starts_with("peer_manager event: ");
     let mut out = Vec::new();
@@ -240,9 +239,15 @@ fn production() -> Vec<String> {
     let session = ctlplane_sim::p2p::session_config(NODE, 0, true);
     let rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let (node, node_id) = log.record(|| {
-        let mut node =
-            ManagerLoop::bind_with("127.0.0.1", 0, TransportOptions::default(), session, ManagerRegressions::default(), rng)
-                .expect("bind the node");
+        let mut node = ManagerLoop::bind_with(
+            "127.0.0.1",
+            0,
+            TransportOptions::default(),
+            session,
+            ManagerRegressions::default(),
+            rng,
+        )
+        .expect("bind the node");
         let node_id = node.local_id().to_string();
         let mut script = Scripted::new(scripted_id.clone(), node_id.clone());
         node.keep_connected(&scripted_id);
@@ -344,15 +349,17 @@ fn simulated() -> Vec<String> {
                 }
                 Do::Done => return Ok(()),
                 Do::Dial => {
-                    let options = SocketOptions { routing_id: Some(id.as_bytes().to_vec()), ..SocketOptions::default() };
+                    let options =
+                        SocketOptions { routing_id: Some(id.as_bytes().to_vec()), ..SocketOptions::default() };
                     let d = Socket::new(&ctx, SocketType::Dealer, options);
                     d.connect(&format!("tcp://{}", peer_id(NODE)))?;
                     dealer = Some(d);
                 }
                 Do::Send(frame) => dealer.as_ref().ok_or("not dialled")?.try_send(vec![frame])?,
                 Do::Crash => {
-                    dealer.take().map(Socket::close);
-                    router.take().map(Socket::close);
+                    for socket in [dealer.take(), router.take()].into_iter().flatten() {
+                        socket.close();
+                    }
                     ctx = Context::new(SCRIPTED);
                 }
                 Do::Rebind => {
