@@ -5,6 +5,7 @@
 //! drivers (libzmq) and the simulator drive these same types, so whatever the simulator
 //! proves about a decision holds for production too.
 
+pub mod conformance;
 pub mod ec;
 pub mod p2p;
 pub mod regressions;

@@ -28,7 +28,7 @@ use ctlplane_core::p2p::T0Switches;
 use crate::topology::Topology;
 
 pub use ledger::LIVENESS_WINDOW;
-pub use peer::{peer_id, PeerConfig, PeerSettings, MAX_SOCKETS, MAX_TICK, PORT};
+pub use peer::{answer, peer_id, session_config, PeerConfig, PeerSettings, MAX_SOCKETS, MAX_TICK, PORT};
 
 /// How long the world needs, after the last fault heals, before [`check_liveness`] can
 /// hold. W1 sends a Connect once per session, so a lost Connect or Ack is recovered only
@@ -51,6 +51,7 @@ pub fn install_with(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: 
         max_peers: w.knobs.p2p_max_peers,
         immediate_reconnect: w.knobs.p2p_immediate_reconnect,
         manager: w.regressions.manager,
+        quiet: false,
     })
     .unwrap_or_default();
     install_tuned(sim, topo, seed, t0, settings);
@@ -63,6 +64,15 @@ pub fn install_tuned(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0:
         let cfg = Rc::new(PeerConfig { name: name.clone(), peers: topo.p2p_peers.clone(), seed, t0, settings });
         sim.host(name.as_str(), move || peer::run(cfg.clone()));
     }
+}
+
+/// Adds one P2P peer host, `cfg.name`, whose `cfg.peers` may be hosts of the caller's own
+/// (scripted peers, as in the driver-conformance test).
+pub fn install_peer(sim: &mut turmoil::Sim<'_>, cfg: PeerConfig) {
+    ledger::reset(&cfg.peers);
+    let name = cfg.name.clone();
+    let cfg = Rc::new(cfg);
+    sim.host(name.as_str(), move || peer::run(cfg.clone()));
 }
 
 /// Per step: DEALERs and monitors closed exactly once (cheap when nothing changed).

@@ -11,6 +11,7 @@
 //! failure themselves.
 
 use super::wire::WireError;
+use crate::conformance::{record, Text};
 use crate::time::Instant;
 use std::time::Duration;
 use thiserror::Error;
@@ -123,6 +124,25 @@ impl RequestSlot {
 
     /// Starts a request at `now`.
     pub fn begin(&mut self, now: Instant) -> Result<Begin, Busy> {
+        let begun = self.begin_at(now);
+        record!(
+            "request_slot",
+            "begin",
+            "{}",
+            match &begun {
+                Ok(b) => format!(
+                    "generation {} open {} deadline now+{:?}",
+                    b.generation,
+                    b.open,
+                    b.deadline.saturating_duration_since(now)
+                ),
+                Err(Busy) => "busy".to_string(),
+            }
+        );
+        begun
+    }
+
+    fn begin_at(&mut self, now: Instant) -> Result<Begin, Busy> {
         let open = match self.state {
             SlotState::Waiting { .. } => return Err(Busy),
             SlotState::NoSocket => {
@@ -150,6 +170,40 @@ impl RequestSlot {
     /// | transport error | [`Failure::Transport`] | discarded |
     /// | reply nobody waits for | [`Failure::Stale`] | untouched |
     pub fn finish<T, E>(
+        &mut self,
+        generation: u64,
+        ending: Ending<'_, E>,
+        decode: impl FnOnce(&[u8]) -> Result<Result<T, String>, WireError>,
+    ) -> Outcome<T, E> {
+        if !tracing::enabled!(target: crate::conformance::TARGET, tracing::Level::TRACE) {
+            return self.end(generation, ending, decode);
+        }
+        let input = match &ending {
+            Ending::Reply(frame) => format!("reply {}", Text(frame)),
+            Ending::MultiPart(frames) => format!("multipart {frames}"),
+            Ending::TimedOut => "timed out".to_string(),
+            Ending::Transport(_) => "transport error".to_string(),
+        };
+        let outcome = self.end(generation, ending, decode);
+        let result = match &outcome.result {
+            Ok(_) => "ok".to_string(),
+            Err(Failure::Remote(text)) => format!("remote {text:?}"),
+            Err(Failure::NotAnObject(name)) => format!("not an object ({name})"),
+            Err(Failure::Malformed(detail)) => format!("malformed ({detail})"),
+            Err(Failure::TimedOut) => "timed out".to_string(),
+            Err(Failure::Transport(_)) => "transport error".to_string(),
+            Err(Failure::Stale) => "stale".to_string(),
+        };
+        record!(
+            "request_slot",
+            "finish",
+            "generation {generation} {input} -> {result}, discard socket {}",
+            outcome.discard_socket
+        );
+        outcome
+    }
+
+    fn end<T, E>(
         &mut self,
         generation: u64,
         ending: Ending<'_, E>,

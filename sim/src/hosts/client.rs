@@ -37,7 +37,8 @@ pub struct ControlClient {
 
 impl ControlClient {
     pub fn new(ctx: &Context, host: &str, timeout: Duration) -> Self {
-        let regressions = world::with(|w| w.regressions.slot);
+        // Outside an EC world (a test of the client alone) the slot has no switch on.
+        let regressions = world::try_with(|w| w.regressions.slot).unwrap_or_default();
         ControlClient {
             ctx: ctx.clone(),
             host: host.to_string(),
@@ -51,7 +52,9 @@ impl ControlClient {
     /// libzmq's for a timeout) as the core's machines take it.
     pub async fn request(&self, addr: &str, frame: Vec<u8>) -> Result<Value, String> {
         let now = clock::now();
-        let target = world::resolve(addr);
+        // Outside an EC world endpoints name hosts directly.
+        let target =
+            world::try_with(|w| w.topo.resolve(addr, &w.event_ports)).unwrap_or_else(|| Some(addr.to_string()));
         let (begin, socket) = {
             let mut conns = self.conns.borrow_mut();
             let conn = conns.entry(addr.to_string()).or_insert_with(|| Conn {
@@ -59,21 +62,15 @@ impl ControlClient {
                 socket: None,
             });
             let begin = conn.slot.begin(now).map_err(|e| e.to_string())?;
-            if begin.open || conn.socket.is_none() {
-                if let Some(old) = conn.socket.take() {
-                    drop(old);
-                }
-                let s = Socket::new(&self.ctx, SocketType::Req, SocketOptions::default());
-                if let Some(target) = &target {
-                    if let Err(e) = s.connect(target) {
-                        tracing::debug!(host = %self.host, %addr, error = %e, "REQ connect refused");
-                    }
-                }
-                conn.socket = Some(Rc::new(s));
-            }
-            (begin, conn.socket.clone())
+            let socket = match conn.socket.take() {
+                Some(socket) if !begin.open => Ok(socket),
+                // As libzmq's `zmq_connect`, an endpoint that does not resolve or parse
+                // fails the open: the exchange ends in a transport error, for the slot
+                // to judge, rather than waiting out its deadline on a socket with no peer.
+                _ => open_req(&self.ctx, addr, target.as_deref()).map(Rc::new),
+            };
+            (begin, socket)
         };
-        let Some(socket) = socket else { return Err(ZmqError::Closed.to_string()) };
         // A fault may replace this request with a malformed frame.
         let rank_host = target.as_deref().and_then(host_of);
         let frame = rank_host
@@ -82,10 +79,13 @@ impl ControlClient {
                 crate::trace::record(&self.host, "ec.malformed_sent", &[("to", &addr), ("len", &garbage.len())]);
             })
             .unwrap_or(frame);
-        let received = tokio::select! {
-            biased;
-            r = exchange(&socket, frame) => Some(r),
-            _ = clock::sleep_until(begin.deadline) => None,
+        let received = match &socket {
+            Ok(socket) => tokio::select! {
+                biased;
+                r = exchange(socket, frame) => Some(r),
+                _ = clock::sleep_until(begin.deadline) => None,
+            },
+            Err(e) => Some(Err(e.clone())),
         };
         let ending = match &received {
             Some(Ok(reply)) => match reply.as_slice() {
@@ -98,8 +98,8 @@ impl ControlClient {
         let mut conns = self.conns.borrow_mut();
         let Some(conn) = conns.get_mut(addr) else { return Err(ZmqError::Closed.to_string()) };
         let Outcome { discard_socket, result } = conn.slot.finish(begin.generation, ending, wire::decode_reply);
-        if discard_socket {
-            conn.socket = None;
+        if !discard_socket {
+            conn.socket = socket.ok();
         }
         result.map_err(|failure| match failure {
             Failure::Remote(text) | Failure::Transport(text) => text,
@@ -109,6 +109,14 @@ impl ControlClient {
             Failure::Stale => "reply for a discarded request".to_string(),
         })
     }
+}
+
+/// A REQ socket connected to `target`, the logical `addr` resolved (`None`: it does not).
+fn open_req(ctx: &Context, addr: &str, target: Option<&str>) -> Result<Socket, ZmqError> {
+    let target = target.ok_or_else(|| ZmqError::Invalid(format!("cannot resolve {addr}")))?;
+    let socket = Socket::new(ctx, SocketType::Req, SocketOptions::default());
+    socket.connect(target)?;
+    Ok(socket)
 }
 
 async fn exchange(socket: &Socket, frame: Vec<u8>) -> Result<Vec<Vec<u8>>, ZmqError> {

@@ -59,6 +59,9 @@ pub struct PeerSettings {
     pub immediate_reconnect: bool,
     /// `ManagerConfig::regressions`.
     pub manager: ManagerRegressions,
+    /// The application sends no requests of its own, only answers (a scripted world,
+    /// such as the driver-conformance test, decides every message).
+    pub quiet: bool,
 }
 
 /// What a peer host is started with (kept across restarts).
@@ -137,6 +140,8 @@ struct Peer {
     /// An error escaped into the engine loop: the mainline manager has no error boundary
     /// around the transport (the one of PR #51504 comes with `max_peers`), so EngineCore dies.
     fatal: Option<String>,
+    /// [`PeerSettings::quiet`].
+    quiet: bool,
 }
 
 /// The manager's configuration for host `name`: the mainline manager (errors escape) with
@@ -145,7 +150,20 @@ fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
     let mut registry = RegistryConfig::new(peer_id(name));
     registry.t0 = cfg.t0;
     registry.max_peers = cfg.settings.max_peers;
-    let session = SessionConfig {
+    let session = session_config(name, inc, !cfg.settings.no_handshake_deadline);
+    ManagerConfig {
+        regressions: cfg.settings.manager,
+        immediate_reconnect: cfg.settings.immediate_reconnect,
+        errors_escape: true,
+        first_session: u64::from(inc) << 32,
+        ..ManagerConfig::new(registry, session)
+    }
+}
+
+/// What the sessions of host `name`'s incarnation `inc` announce (`local_id` is the
+/// registry's); with the W1+ handshake deadline when `deadline`.
+pub fn session_config(name: &str, inc: u32, deadline: bool) -> SessionConfig {
+    SessionConfig {
         local_id: String::new(),
         agent_metadata: format!("agent-{name}-{inc}").into_bytes(),
         base_addr: 0x1000_0000,
@@ -155,15 +173,26 @@ fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
         hash_seed: "0".into(),
         // W1+: a session whose Connect went unanswered dies after 30 s instead of
         // stalling forever (race S5), so the pair reconnects. Mainline W1 has none.
-        handshake_timeout: (!cfg.settings.no_handshake_deadline).then_some(HANDSHAKE_TIMEOUT),
+        handshake_timeout: deadline.then_some(HANDSHAKE_TIMEOUT),
         silent_connect_rejection: false,
-    };
-    ManagerConfig {
-        regressions: cfg.settings.manager,
-        immediate_reconnect: cfg.settings.immediate_reconnect,
-        errors_escape: true,
-        first_session: u64::from(inc) << 32,
-        ..ManagerConfig::new(registry, session)
+    }
+}
+
+/// The application's answer to a role message: lookups hit the keys whose first byte is
+/// even, fetches succeed, aborts are acknowledged; responses need none.
+pub fn answer(message: &Message) -> Option<Message> {
+    match message {
+        Message::Lookup { kv_request_id, keys, .. } => {
+            let hits = keys.iter().map(|k| k.first().is_some_and(|b| b % 2 == 0)).collect();
+            Some(Message::LookupResp { kv_request_id: kv_request_id.clone(), keys: keys.clone(), hits })
+        }
+        Message::Fetch { kv_request_id, round_seq, .. } => {
+            Some(Message::TransferDone { kv_request_id: kv_request_id.clone(), success: true, round_seq: *round_seq })
+        }
+        Message::AbortFetch { kv_request_id, round_seq } => {
+            Some(Message::AbortAck { kv_request_id: kv_request_id.clone(), round_seq: *round_seq })
+        }
+        _ => None,
     }
 }
 
@@ -200,6 +229,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         known,
         forged: Vec::new(),
         fatal: None,
+        quiet: cfg.settings.quiet,
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
     loop {
@@ -256,7 +286,7 @@ impl Peer {
         if self.fatal.is_some() {
             return;
         }
-        if now >= self.next_traffic {
+        if now >= self.next_traffic && !self.quiet {
             self.traffic().await;
             self.next_traffic = now + Duration::from_millis(self.rng.gen_range(200..800));
         }
@@ -407,33 +437,22 @@ impl Peer {
 
     /// The application: answer requests, match responses.
     fn on_message(&mut self, peer: &str, session: SessionId, m: Message) {
-        let reply = match m {
-            Message::Lookup { kv_request_id, keys, .. } => {
-                let hits = keys.iter().map(|k| k.first().is_some_and(|b| b % 2 == 0)).collect();
-                Some(Message::LookupResp { kv_request_id, keys, hits })
-            }
-            Message::Fetch { kv_request_id, round_seq, .. } => {
-                Some(Message::TransferDone { kv_request_id, success: true, round_seq })
-            }
-            Message::AbortFetch { kv_request_id, round_seq } => Some(Message::AbortAck { kv_request_id, round_seq }),
-            Message::LookupResp { kv_request_id, .. } | Message::TransferDone { kv_request_id, .. } => {
-                let asked = self
-                    .outstanding
-                    .get_mut(peer)
-                    .filter(|o| o.session == session)
-                    .is_some_and(|o| o.requests.remove(&kv_request_id));
-                if asked {
-                    trace::record(&self.name, "p2p.response", &[("peer", &peer), ("kv", &kv_request_id)]);
-                    if self.manager.is_ready(peer) {
-                        ledger::responded(&self.name, host_of(peer));
-                    }
-                } else {
-                    trace::record(&self.name, "p2p.unmatched_response", &[("peer", &peer), ("kv", &kv_request_id)]);
+        let reply = answer(&m);
+        if let Message::LookupResp { kv_request_id, .. } | Message::TransferDone { kv_request_id, .. } = m {
+            let asked = self
+                .outstanding
+                .get_mut(peer)
+                .filter(|o| o.session == session)
+                .is_some_and(|o| o.requests.remove(&kv_request_id));
+            if asked {
+                trace::record(&self.name, "p2p.response", &[("peer", &peer), ("kv", &kv_request_id)]);
+                if self.manager.is_ready(peer) {
+                    ledger::responded(&self.name, host_of(peer));
                 }
-                None
+            } else {
+                trace::record(&self.name, "p2p.unmatched_response", &[("peer", &peer), ("kv", &kv_request_id)]);
             }
-            _ => None,
-        };
+        }
         self.manager.dispatch_ok(peer, session);
         if let Some(r) = reply {
             // A session that died on an earlier message of this batch refuses: nothing to do.

@@ -17,6 +17,7 @@
 
 use super::admission::{admit, Admission, Existing, ManagerRegressions};
 use super::backoff::Backoff;
+use crate::conformance::{record, Msgpack, Text};
 use crate::p2p::messages::{Connect, Message};
 use crate::p2p::options::SendMode;
 use crate::p2p::registry::{Action, ConnId, ConnectionRegistry, PollInput, RegistryConfig, TransportError};
@@ -169,6 +170,7 @@ impl<R: RngCore> PeerManager<R> {
     /// Keeps `peer` connected: dialled at the next tick from `now`, and again after a
     /// backoff whenever its session is reaped.
     pub fn keep_connected(&mut self, peer: &str, now: Instant) {
+        record!("peer_manager", "keep_connected", "{peer}");
         self.wanted.insert(peer.to_string());
         if !self.sessions.contains_key(peer) {
             self.reconnect_at.insert(peer.to_string(), now);
@@ -177,19 +179,26 @@ impl<R: RngCore> PeerManager<R> {
 
     /// Dials `peer` now, once: a refused connect or a reaped session is not retried.
     pub fn connect_once(&mut self, peer: &str, now: Instant) {
+        record!("peer_manager", "connect_once", "{peer}");
         self.dial(peer.to_string(), now, false);
     }
 
     /// Sends a role message to `peer`'s current session (queued until its handshake
     /// completes).
     pub fn send(&mut self, peer: &str, msg: Message) -> Result<(), ManagerError> {
+        record!("peer_manager", "send", "{peer} {msg:?}");
         let session = self.session_id(peer).ok_or_else(|| ManagerError::NoSession(peer.to_string()))?;
-        self.send_on(peer, session, msg)
+        self.send_to_session(peer, session, msg)
     }
 
     /// [`Self::send`], only while `session` is still the peer's: a reply must not reach
     /// the replacement of the session that asked.
     pub fn send_on(&mut self, peer: &str, session: SessionId, msg: Message) -> Result<(), ManagerError> {
+        record!("peer_manager", "send_on", "{peer} session {session} {msg:?}");
+        self.send_to_session(peer, session, msg)
+    }
+
+    fn send_to_session(&mut self, peer: &str, session: SessionId, msg: Message) -> Result<(), ManagerError> {
         if let Some(error) = &self.fatal {
             return Err(ManagerError::Stopped(error.clone()));
         }
@@ -205,6 +214,7 @@ impl<R: RngCore> PeerManager<R> {
 
     /// The application handled `session`'s last message.
     pub fn dispatch_ok(&mut self, peer: &str, session: SessionId) {
+        record!("peer_manager", "dispatch_ok", "{peer} session {session}");
         if let Some(s) = self.sessions.get_mut(peer).filter(|s| s.id == session) {
             s.session.dispatch_ok();
         }
@@ -212,6 +222,7 @@ impl<R: RngCore> PeerManager<R> {
 
     /// The application failed on `session`'s last message; five in a row end it.
     pub fn dispatch_failed(&mut self, peer: &str, session: SessionId, error: &str) {
+        record!("peer_manager", "dispatch_failed", "{peer} session {session} {error:?}");
         if let Some(s) = self.sessions.get_mut(peer).filter(|s| s.id == session) {
             s.session.dispatch_failed(error);
             self.flush(peer);
@@ -220,6 +231,11 @@ impl<R: RngCore> PeerManager<R> {
 
     /// Stops keeping `peer` connected and closes its session (a best-effort Disconnect).
     pub fn close(&mut self, peer: &str) {
+        record!("peer_manager", "close", "{peer}");
+        self.close_peer(peer);
+    }
+
+    fn close_peer(&mut self, peer: &str) {
         self.wanted.remove(peer);
         self.reconnect_at.remove(peer);
         if let Some(s) = self.sessions.get_mut(peer) {
@@ -230,8 +246,9 @@ impl<R: RngCore> PeerManager<R> {
 
     /// Closes every session and the transport.
     pub fn close_all(&mut self) {
+        record!("peer_manager", "close_all", "");
         for peer in self.sessions.keys().cloned().collect::<Vec<_>>() {
-            self.close(&peer);
+            self.close_peer(&peer);
         }
         self.wanted.clear();
         self.reconnect_at.clear();
@@ -242,7 +259,16 @@ impl<R: RngCore> PeerManager<R> {
     /// accepted peers are admitted by the next [`Self::handle_tick`].
     pub fn handle_sockets(&mut self, input: PollInput, now: Instant) {
         let _ = now;
+        if !conformance_on() {
+            let accepted = self.registry.poll(input);
+            self.accepted.extend(accepted);
+            return;
+        }
+        let sources = input.sources.iter().map(Option::as_deref).chain(std::iter::repeat(None));
+        let router: Vec<String> = input.router.iter().zip(sources).map(|(m, from)| render_message(m, from)).collect();
+        let monitor = input.monitor.clone();
         let accepted = self.registry.poll(input);
+        record!("peer_manager", "sockets", "router {router:?} monitor {monitor:?} -> accepted {accepted:?}");
         self.accepted.extend(accepted);
     }
 
@@ -255,12 +281,21 @@ impl<R: RngCore> PeerManager<R> {
     ) where
         F: std::ops::Deref<Target = [u8]> + 'f,
     {
-        let accepted = self.registry.poll_frames(router, monitor);
+        if !conformance_on() {
+            let accepted = self.registry.poll_frames(router, monitor);
+            self.accepted.extend(accepted);
+            return;
+        }
+        let messages: Vec<(&[F], Option<&str>)> = router.into_iter().collect();
+        let rendered: Vec<String> = messages.iter().map(|(m, from)| render_message(m, *from)).collect();
+        let accepted = self.registry.poll_frames(messages, monitor);
+        record!("peer_manager", "sockets", "router {rendered:?} monitor {monitor:?} -> accepted {accepted:?}");
         self.accepted.extend(accepted);
     }
 
     /// One manager tick, in the manager's order (see the module docs).
     pub fn handle_tick(&mut self, now: Instant) {
+        record!("peer_manager", "tick", "");
         if self.fatal.is_some() {
             return;
         }
@@ -275,6 +310,7 @@ impl<R: RngCore> PeerManager<R> {
     /// The driver could not open `conn`'s DEALER: nothing is open, so the registration is
     /// retired and the session on it dies (or the error escapes).
     pub fn handle_open_failed(&mut self, conn: ConnId, error: &str) {
+        record!("peer_manager", "open_failed", "conn {conn} {error:?}");
         let peer = self.peer_of_conn(conn);
         if let Some(peer) = &peer {
             if self.registry.conn_id(peer) == Some(conn) {
@@ -295,6 +331,7 @@ impl<R: RngCore> PeerManager<R> {
     /// The driver could not send a frame on `conn`: as the reference's `_do_send`, the
     /// session dies and its connection is marked dead at once.
     pub fn handle_send_failed(&mut self, conn: ConnId, error: &str) {
+        record!("peer_manager", "send_failed", "conn {conn} {error:?}");
         let Some(peer) = self.peer_of_conn(conn) else { return };
         self.events.push_back(PeerEvent::SendFailed { peer: peer.clone(), error: error.to_string() });
         self.registry.mark_dead_conn(&peer, conn);
@@ -307,7 +344,9 @@ impl<R: RngCore> PeerManager<R> {
     /// The driver found `conn`'s DEALER queue full: the error to report with
     /// [`Self::handle_send_failed`].
     pub fn queue_full(&mut self, conn: ConnId) -> TransportError {
-        self.registry.queue_full(conn)
+        let error = self.registry.queue_full(conn);
+        record!("peer_manager", "queue_full", "conn {conn} -> {error:?}");
+        error
     }
 
     /// How the driver hands frames to a DEALER.
@@ -317,12 +356,20 @@ impl<R: RngCore> PeerManager<R> {
 
     /// The next socket action for the driver.
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.registry.poll_action()
+        let action = self.registry.poll_action();
+        if let Some(action) = &action {
+            record!("peer_manager", "action", "{}", RenderAction(action));
+        }
+        action
     }
 
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<PeerEvent> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        if let Some(event) = &event {
+            record!("peer_manager", "event", "{event:?}");
+        }
+        event
     }
 
     /// When the manager next needs a tick without socket activity: the earliest due
@@ -558,6 +605,37 @@ impl<R: RngCore> PeerManager<R> {
                     self.reconnect_at.insert(peer, now + backoff);
                 }
             }
+        }
+    }
+}
+
+/// Whether a subscriber records the conformance log (the rendering is skipped otherwise).
+fn conformance_on() -> bool {
+    tracing::enabled!(target: crate::conformance::TARGET, tracing::Level::TRACE)
+}
+
+/// A ROUTER message for the conformance log: the identity as text, payloads decoded.
+fn render_message<F: std::ops::Deref<Target = [u8]>>(frames: &[F], from: Option<&str>) -> String {
+    let mut out = String::from("[");
+    for (i, frame) in frames.iter().enumerate() {
+        if i == 0 {
+            out.push_str(&Text(frame).to_string());
+        } else {
+            out.push_str(&format!(", {}", Msgpack(frame)));
+        }
+    }
+    out.push_str(&format!("] from {from:?}"));
+    out
+}
+
+/// An action for the conformance log, its frame decoded.
+struct RenderAction<'a>(&'a Action);
+
+impl std::fmt::Display for RenderAction<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Action::Transmit { conn, frame } => write!(f, "transmit conn {conn} {}", Msgpack(frame)),
+            other => write!(f, "{other:?}"),
         }
     }
 }

@@ -1,0 +1,13 @@
+//! Driver conformance: the same scripted socket events, fed through a production driver
+//! over libzmq (loopback, ports from the OS) and through the simulator's host over its
+//! ZeroMQ model, make the core machine receive the same calls and give the same outputs
+//! (the conformance log of `ctlplane_core::conformance`). Drivers decide nothing
+//! (`docs/architecture.md`); a difference here is a decision one of them took.
+//!
+//! The scripted peer acts only after it has seen what it answers, so both runs see one
+//! order of events; only what must differ between a loopback and a simulated network
+//! (addresses and ports, times) is normalised.
+
+mod call_log;
+mod peer_manager;
+mod request_slot;
