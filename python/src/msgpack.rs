@@ -101,13 +101,16 @@ fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
 }
 
 /// The Python objects msgspec's `decode` builds from each frame, in order, in one list.
-pub fn decode_list<'py, F: AsRef<[u8]>>(py: Python<'py>, frames: &[F]) -> PyResult<Bound<'py, PyList>> {
+pub fn decode_list<'a, 'py>(
+    py: Python<'py>,
+    frames: impl IntoIterator<Item = &'a [u8]>,
+) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     keys::with_kept(|keys| {
         for frame in frames {
             // Every call here runs with the GIL held and no Python code, so the kept keys
             // stay borrowed for the whole batch.
-            list.append(decode_with(py, keys, frame.as_ref())?)?;
+            list.append(decode_with(py, keys, frame)?)?;
         }
         Ok(list)
     })

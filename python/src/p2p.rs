@@ -214,7 +214,7 @@ impl ZmqConnection {
     /// Every message received since the last call (may be empty).
     fn recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let frames = self.with_own(|t| t.recv_frames(&self.peer_id)).unwrap_or_default();
-        msgpack::decode_list(py, &frames)
+        msgpack::decode_list(py, frames.iter())
     }
 
     /// Liveness only: the transport releases the sockets at its next poll, and `recv()`

@@ -17,9 +17,7 @@ pub const DISCOVERY_ATTEMPTS: u32 = 2;
 /// request, its reply recorded) is tried up to [`DISCOVERY_ATTEMPTS`] times; the caller
 /// never falls back to the base address alone (race S8).
 pub fn confirm(base: &str, mut discover: impl FnMut() -> Option<Vec<String>>) -> Result<Vec<String>, TopologyError> {
-    (0..DISCOVERY_ATTEMPTS)
-        .find_map(|_| discover())
-        .ok_or_else(|| TopologyError { base: base.to_string() })
+    (0..DISCOVERY_ATTEMPTS).find_map(|_| discover()).ok_or_else(|| TopologyError { base: base.to_string() })
 }
 
 /// Why a `peers` reply did not yield a topology.

@@ -8,6 +8,7 @@
 //! (`PeerManager`: tick order, admission, reaping, reconnects).
 
 pub mod defaults;
+pub mod frames;
 pub mod manager;
 pub mod messages;
 pub mod options;

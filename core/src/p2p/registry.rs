@@ -14,6 +14,7 @@
 //! simulator can re-find the races they caused (p2p-behaviour.md §5, S1-S4; S18 for the
 //! reference's trusted identities).
 
+use super::frames::Frames;
 use super::options::{self, SendMode};
 use super::peer_check::PeerCheck;
 use super::value::{self, Value};
@@ -189,7 +190,7 @@ struct Connection {
     /// Frames received and found to decode, in arrival order: each receiver builds its
     /// own values from them ([`ConnectionRegistry::recv`] the core's, the Python bindings
     /// Python objects) through the one parser.
-    inbox: Vec<Vec<u8>>,
+    inbox: Frames,
 }
 
 impl Connection {
@@ -306,7 +307,7 @@ impl ConnectionRegistry {
 
     /// [`Self::recv`] as the frames themselves, each known to decode (see
     /// `value::read`).
-    pub fn recv_frames(&mut self, peer: &str) -> Vec<Vec<u8>> {
+    pub fn recv_frames(&mut self, peer: &str) -> Frames {
         self.conns.get_mut(peer).map(|c| std::mem::take(&mut c.inbox)).unwrap_or_default()
     }
 
@@ -520,7 +521,7 @@ impl ConnectionRegistry {
         self.stats.dealers_opened += 1;
         self.conns.insert(
             peer.to_string(),
-            Connection { id, direction, monitor, dead: false, closed: false, inbox: Vec::new() },
+            Connection { id, direction, monitor, dead: false, closed: false, inbox: Frames::default() },
         );
         self.order.push(peer.to_string());
         Ok(id)
@@ -593,7 +594,7 @@ impl ConnectionRegistry {
                 }
             }
             let msg = match value::validate(payload) {
-                Ok(()) => payload.to_vec(),
+                Ok(()) => payload,
                 Err(e) => {
                     self.stats.frames_dropped += 1;
                     tracing::warn!(peer = %sender, error = %e, "dropping undecodable control message");
@@ -605,7 +606,7 @@ impl ConnectionRegistry {
                     c.inbox.push(msg);
                     self.stats.messages_routed += 1;
                 }
-                None => pending.push((sender.to_string(), msg)),
+                None => pending.push((sender.to_string(), msg.to_vec())),
             }
         }
         pending
@@ -662,7 +663,7 @@ impl ConnectionRegistry {
                 }
             }
             if let Some(c) = self.conns.get_mut(&sender) {
-                c.inbox.push(msg);
+                c.inbox.push(&msg);
                 self.stats.messages_routed += 1;
             }
         }

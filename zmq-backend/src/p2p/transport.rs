@@ -7,6 +7,7 @@
 
 use super::socket_set::{ActionError, SocketSet};
 use super::TransportOptions;
+use ctlplane_core::p2p::frames::Frames;
 use ctlplane_core::p2p::registry::RegistryStats;
 use ctlplane_core::p2p::{Action, ConnId, ConnectionRegistry, RegistryConfig, TransportError, Value};
 use std::time::Duration;
@@ -143,7 +144,7 @@ impl ZmqTransport {
     }
 
     /// [`Self::recv`] as frames, each known to decode (`value::read` builds from them).
-    pub fn recv_frames(&mut self, peer: &str) -> Vec<Vec<u8>> {
+    pub fn recv_frames(&mut self, peer: &str) -> Frames {
         self.registry.recv_frames(peer)
     }
 
