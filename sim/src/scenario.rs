@@ -17,6 +17,7 @@ use crate::faults::{Fault, FaultKind, FaultPlan, Garbage};
 use crate::hosts::workload::WorkloadConfig;
 use crate::knobs::Knobs;
 use crate::topology::Topology;
+use crate::world_swarm::Exposure;
 
 /// RNG stream of the bias faults (apart from every stream `FaultPlan::draw` uses).
 const BIAS_STREAM: u64 = 0xb1a5;
@@ -89,9 +90,19 @@ pub struct Resolved {
     /// The race, for a race scenario.
     pub race: Option<&'static Race>,
     pub bias: Bias,
-    /// The world settings both the switched and the fixed run use.
+    /// The world settings both the switched and the fixed run use (unless the plan
+    /// carries a drawn world).
     pub knobs: Knobs,
+    /// `Some`: the main job's swarmed world (`full`, and every `generic-<race>`): each
+    /// seed draws its world with its plan, with the settings of this exposure allowed.
+    pub swarm: Option<Exposure>,
 }
+
+/// The prefix of a generic race scenario: `generic-ec-s11` is race `ec-s11` searched on
+/// the main job's scenario (swarmed `full`) with only its switch on.
+pub const GENERIC_PREFIX: &str = "generic-";
+/// The main job's scenario.
+pub const MAIN: &str = "full";
 
 /// The bias of a race scenario.
 pub fn bias_of(scenario: &str) -> Bias {
@@ -253,6 +264,18 @@ pub fn resolve(name: &str) -> Option<Resolved> {
             race: None,
             bias: Bias::None,
             knobs: Knobs::default(),
+            swarm: (name == MAIN).then(Exposure::default),
+        });
+    }
+    if let Some(race_name) = name.strip_prefix(GENERIC_PREFIX) {
+        let race = regressions::race(race_name)?;
+        return Some(Resolved {
+            topology: MAIN.to_string(),
+            regressions: race.regressions(),
+            race: Some(race),
+            bias: Bias::None,
+            knobs: Knobs::default(),
+            swarm: Some(Exposure::of(race_name)),
         });
     }
     let race = regressions::race(name)?;
@@ -262,6 +285,7 @@ pub fn resolve(name: &str) -> Option<Resolved> {
         race: Some(race),
         bias: bias_of(name),
         knobs: knobs_of(name),
+        swarm: None,
     })
 }
 
@@ -281,6 +305,7 @@ fn topology_of(scenario: &str) -> &'static str {
 pub fn names() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = Topology::names().to_vec();
     v.extend(regressions::RACES.iter().map(|r| r.scenario));
+    v.push("generic-<race>");
     v
 }
 
@@ -294,6 +319,9 @@ pub fn topology(name: &str) -> Option<Topology> {
 pub fn plan(seed: u64, name: &str) -> Option<FaultPlan> {
     let r = resolve(name)?;
     let topo = Topology::by_name(&r.topology)?;
+    if let Some(exposure) = r.swarm {
+        return Some(FaultPlan::draw_swarmed(seed, &topo, engine::ACTIVE, exposure));
+    }
     let mut plan = FaultPlan::draw(seed, &topo, engine::ACTIVE);
     add_bias(&mut plan, r.bias, &topo);
     Some(plan)
@@ -312,7 +340,9 @@ pub fn run_switched(cfg: &RunConfig, switched: bool) -> RunReport {
     let plan = cfg.plan.clone().or_else(|| plan(cfg.seed, &cfg.scenario));
     let inner = RunConfig { seed: cfg.seed, scenario: r.topology.clone(), plan, keep_trace: cfg.keep_trace };
     let regs = if switched { r.regressions } else { Regressions::default() };
-    let mut report = engine::run_tuned(&inner, &regs, &r.knobs);
+    // A plan that carries a drawn world runs in it (a saved plan of the main job too).
+    let knobs = inner.plan.as_ref().and_then(|p| p.world.as_ref()).map_or_else(|| r.knobs.clone(), |w| w.knobs());
+    let mut report = engine::run_tuned(&inner, &regs, &knobs);
     report.scenario = cfg.scenario.clone();
     report
 }
