@@ -621,6 +621,17 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                         };
                         let kind = FaultKind::Partition { a, b, for_ms: rng.gen_range(3_000..=15_000) };
                         out.push(Fault { at_ms: rng.gen_range(0..=200), kind });
+                        // Half the time pushes fail meanwhile too, so requests that arrive
+                        // while a drain blocks on discovery wait in vain.
+                        if rng.gen_bool(0.5) {
+                            let (Some(a), Some(b)) =
+                                (pick(&mut rng, &topo.producers).cloned(), pick(&mut rng, ranks).cloned())
+                            else {
+                                continue;
+                            };
+                            let kind = FaultKind::Partition { a, b, for_ms: rng.gen_range(2_000..=8_000) };
+                            out.push(Fault { at_ms: rng.gen_range(0..=4_000), kind });
+                        }
                     } else {
                         let (Some(from), Some(to)) =
                             (pick(&mut rng, &bases).cloned(), pick(&mut rng, &topo.producers).cloned())

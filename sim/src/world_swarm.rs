@@ -47,6 +47,10 @@ mod stream {
 /// The production reservation TTL and refresh age the encoder regimes straddle.
 const REFRESH_AGE_MS: u64 = 150_000;
 const TTL_MS: u64 = 300_000;
+/// The longest push wait: a request of the active phase must resolve (its wait plus the
+/// oracle's 5 s) before the run ends (`engine::END`), and its TTL of cancelled leftovers
+/// with it.
+const MAX_PUSH_WAIT_MS: u64 = 450_000;
 
 /// Which settings of a race ctlplane still has a draw may turn on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -172,10 +176,20 @@ impl WorldSwarm {
             let mut r = rng(seed, stream);
             r.gen_bool(p).then_some(r)
         };
-        let encode_ms = on(stream::ENCODE, 0.5).map(|mut r| draw_encode(&mut r));
-        let write_ms = on(stream::WRITE, 0.4).map(|mut r| (r.gen_range(0..=3_000), r.gen_range(0..=10_000)));
-        let sockets_per_shard = on(stream::SOCKETS, 0.3).map(|mut r| r.gen_range(2..=6));
-        let push_wait_ms = on(stream::PUSH_WAIT, 0.5).map(|mut r| log_uniform(&mut r, 5_000, 450_000));
+        let encode_ms = on(stream::ENCODE, 0.6).map(|mut r| draw_encode(&mut r));
+        let write_ms = on(stream::WRITE, 0.5).map(|mut r| (r.gen_range(0..=3_000), r.gen_range(0..=10_000)));
+        let sockets_per_shard = on(stream::SOCKETS, 0.5).map(|mut r| r.gen_range(2..=6));
+        // Half the time anywhere, half the time long enough to outlast the encoder (so an
+        // item is still wanted when its write lands): independent draws would rarely pair
+        // an encoder past the TTL with a wait past it.
+        let push_wait_ms = on(stream::PUSH_WAIT, 0.6).map(|mut r| {
+            if r.gen_bool(0.5) {
+                log_uniform(&mut r, 5_000, MAX_PUSH_WAIT_MS)
+            } else {
+                let encoder = encode_ms.map_or(40, |(_, hi)| hi);
+                (encoder + r.gen_range(10_000..=120_000)).min(MAX_PUSH_WAIT_MS)
+            }
+        });
         let max_pending_events =
             if exposure.small_backlog { on(stream::BACKLOG, 0.7).map(|mut r| r.gen_range(4..=64)) } else { None };
         let max_items = on(stream::BATCH, 0.4).map(|mut r| r.gen_range(1..=8));
