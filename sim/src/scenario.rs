@@ -571,4 +571,40 @@ mod tests {
         }
         assert_eq!(plan(3, "small"), Some(FaultPlan::draw(3, &topo, engine::ACTIVE)));
     }
+
+    #[test]
+    fn the_main_job_draws_its_world_with_its_plan_and_keeps_the_base_kinds_draws() {
+        let full = Topology::full();
+        let mut unbiased = 0;
+        for seed in 0..200 {
+            let p = plan(seed, MAIN).expect("known");
+            assert!(p.world.is_some(), "the main job's plan carries its world");
+            assert!(p.validate(&full).is_ok());
+            assert_eq!(plan(seed, MAIN).as_ref(), Some(&p), "deterministic");
+            let base = FaultPlan::draw(seed, &full, engine::ACTIVE);
+            let off = crate::faults::KindRate::default();
+            let extra = crate::faults::Swarm {
+                peer_flood: off,
+                replace_race: off,
+                stop_reading: off,
+                forged_identity: off,
+                silent_restart: off,
+                discovery_loss: off,
+                completion_failure: off,
+                ..p.swarm
+            };
+            assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");
+            if extra == p.swarm {
+                unbiased += 1;
+                assert_eq!(p.faults, base.faults, "seed {seed}: no bias kind on, the base draw's faults");
+            }
+        }
+        assert!(unbiased > 0);
+        assert!(plan(3, "small").is_some_and(|p| p.world.is_none()));
+        let g = resolve("generic-ec-s11").expect("a generic race");
+        assert_eq!((g.topology.as_str(), g.bias), (MAIN, Bias::None));
+        assert!(!g.regressions.is_fixed() && g.swarm == Some(Exposure::default()));
+        assert!(resolve("generic-p2p-s5").is_some_and(|r| r.swarm.is_some_and(|e| e.no_handshake_deadline)));
+        assert!(resolve("generic-nope").is_none());
+    }
 }
