@@ -2,6 +2,12 @@
 //! until one of the race's oracles fires, then run the same seeds with every switch off,
 //! which must all pass. A race ctlplane still has (no switch) is found with every switch
 //! off and has no fixed run.
+//!
+//! `--generic` searches each race on the main job's scenario instead of its tuned one:
+//! the swarmed `full` world (`crate::world_swarm`) with only the race's switch on, no
+//! hand-picked knobs and no fault bias (`generic-<race>`, `scenario::GENERIC_PREFIX`). A
+//! race ctlplane still has is searched with the setting it needs allowed in the draw
+//! (`world_swarm::Exposure`), since that setting is its only switch.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -44,12 +50,17 @@ pub fn race_oracle(race: &Race, violations: &[crate::oracle::Violation]) -> Opti
 
 /// Searches `first..first + cap` for `race`, then re-runs the searched seeds with the fix.
 pub fn check_race(race: &'static Race, first: u64, cap: u64) -> RaceResult {
+    check_race_in(race, race.scenario, first, cap)
+}
+
+/// [`check_race`] on scenario `name` (the race's own, or its generic one).
+pub fn check_race_in(race: &'static Race, name: &str, first: u64, cap: u64) -> RaceResult {
     let wall = Instant::now();
     let switched = race.switches.is_some();
     let mut found = None;
     let mut oracle = None;
     for (i, seed) in (first..first.saturating_add(cap)).enumerate() {
-        let cfg = RunConfig { seed, scenario: race.scenario.to_string(), plan: None, keep_trace: false };
+        let cfg = RunConfig { seed, scenario: name.to_string(), plan: None, keep_trace: false };
         let report = scenario::run_switched(&cfg, true);
         if let Some(o) = race_oracle(race, &report.violations) {
             found = Some((seed, i as u64 + 1));
@@ -62,7 +73,7 @@ pub fn check_race(race: &'static Race, first: u64, cap: u64) -> RaceResult {
     if switched {
         let last = found.map(|(s, _)| s + 1).unwrap_or(first.saturating_add(cap));
         for seed in first..last {
-            let cfg = RunConfig { seed, scenario: race.scenario.to_string(), plan: None, keep_trace: false };
+            let cfg = RunConfig { seed, scenario: name.to_string(), plan: None, keep_trace: false };
             let report = scenario::run_switched(&cfg, false);
             fixed_runs += 1;
             if let Some(o) = race_oracle(race, &report.violations) {
@@ -76,6 +87,11 @@ pub fn check_race(race: &'static Race, first: u64, cap: u64) -> RaceResult {
 /// Checks the races named in `only` (every race when empty) and prints the table to `out`
 /// as each row completes. Returns every row; the command fails unless each is `ok`.
 pub fn run(only: &[String], first: u64, cap: u64, out: &mut impl Write) -> Vec<RaceResult> {
+    run_in(only, first, cap, false, out)
+}
+
+/// [`run`], on each race's generic scenario when `generic`.
+pub fn run_in(only: &[String], first: u64, cap: u64, generic: bool, out: &mut impl Write) -> Vec<RaceResult> {
     let _ = writeln!(
         out,
         "{:<9} {:<36} {:>6} {:>9} {:<24} {:>11} {:>8}",
@@ -83,7 +99,9 @@ pub fn run(only: &[String], first: u64, cap: u64, out: &mut impl Write) -> Vec<R
     );
     let mut rows = Vec::new();
     for race in RACES.iter().filter(|r| only.is_empty() || only.iter().any(|o| o == r.scenario)) {
-        let r = check_race(race, first, cap);
+        let name =
+            if generic { format!("{}{}", scenario::GENERIC_PREFIX, race.scenario) } else { race.scenario.into() };
+        let r = check_race_in(race, &name, first, cap);
         let switch = if r.switched { switch_name(race) } else { "none (present)".to_string() };
         let (seed, seeds) = match r.found {
             Some((s, n)) => (s.to_string(), n.to_string()),
@@ -107,7 +125,7 @@ pub fn run(only: &[String], first: u64, cap: u64, out: &mut impl Write) -> Vec<R
             if r.ok() { "" } else { "  FAILED" }
         );
         for (s, o) in &r.fixed_failures {
-            let _ = writeln!(out, "  fixed run of seed {s} fired {o}: ctlsim run --seed {s} --scenario {}", r.scenario);
+            let _ = writeln!(out, "  fixed run of seed {s} fired {o}: ctlsim run --seed {s} --scenario {name}");
         }
         let _ = out.flush();
         rows.push(r);
@@ -147,6 +165,10 @@ pub struct CatalogueArgs {
     /// Only these races (comma-separated scenario names); all when absent.
     #[arg(long, value_delimiter = ',')]
     pub races: Vec<String>,
+    /// Search each race on the main job's swarmed scenario with only its switch on
+    /// (`generic-<race>`): no tuned knobs, no fault bias.
+    #[arg(long)]
+    pub generic: bool,
 }
 
 /// Runs `ctlsim catalogue`. `Ok(true)`: every race found and every fixed run passed.
@@ -154,6 +176,6 @@ pub fn execute(a: &CatalogueArgs, out: &mut impl Write) -> Result<bool, crate::c
     if let Some(bad) = a.races.iter().find(|n| ctlplane_core::regressions::race(n).is_none()) {
         return Err(crate::cli::CliError::UnknownScenario(bad.clone()));
     }
-    let rows = run(&a.races, a.first, a.cap, out);
+    let rows = run_in(&a.races, a.first, a.cap, a.generic, out);
     Ok(rows.iter().all(RaceResult::ok))
 }

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::topology::Topology;
+use crate::world_swarm::{Exposure, WorldSwarm};
 
 /// How often a simulated P2P peer polls its transport when nothing arrives (one manager
 /// tick). Mainline polls once per engine scheduler step (p2p-behaviour.md §3.4: 0.45-0.6 s per hop on a
@@ -65,6 +66,33 @@ pub struct Swarm {
     pub slow_handler: KindRate,
     pub malformed: KindRate,
     pub reconnect_race: KindRate,
+    /// The kinds below are drawn only in the main job's swarmed world
+    /// ([`FaultPlan::draw_swarmed`]): the faults the race scenarios add as a bias.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub peer_flood: KindRate,
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub replace_race: KindRate,
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub stop_reading: KindRate,
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub forged_identity: KindRate,
+    /// A P2P peer restarting inside a partition from another (its FIN lost).
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub silent_restart: KindRate,
+    /// A discovery lost at the start: the scheduler cut from a base rank, or a base rank's
+    /// replies to a producer lost.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub discovery_loss: KindRate,
+    /// Replies from one rank to a producer lost while the producer's requests to another
+    /// rank turn into garbage: completions fail on one rank while in flight on the other.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub completion_failure: KindRate,
+}
+
+impl KindRate {
+    fn is_off(&self) -> bool {
+        *self == KindRate::default()
+    }
 }
 
 /// A frame that is not what the receiver's protocol expects.
@@ -257,6 +285,10 @@ pub struct FaultPlan {
     /// How the faults were drawn; informative only (a plan runs its `faults`).
     #[serde(default)]
     pub swarm: Swarm,
+    /// The world the run plays in, drawn with the plan in the main job's scenario
+    /// (`crate::world_swarm`); `None`: the scenario's own settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world: Option<WorldSwarm>,
     /// Sorted by `at_ms` (ties keep drawing order).
     pub faults: Vec<Fault>,
 }
@@ -265,6 +297,8 @@ pub struct FaultPlan {
 mod stream {
     pub const SWARM: u64 = 1;
     pub const KIND_BASE: u64 = 0x100;
+    /// The swarm switches of the kinds only the main job's world draws.
+    pub const SWARM_EXTRA: u64 = 2;
 }
 
 /// Host pairs that talk to each other, and hosts by role, as the draw needs them.
@@ -321,7 +355,7 @@ fn ms(d: Duration) -> u64 {
 impl FaultPlan {
     /// No faults at all (the swarm switches everything off).
     pub fn none(seed: u64) -> Self {
-        FaultPlan { seed, swarm: Swarm::default(), faults: Vec::new() }
+        FaultPlan { seed, swarm: Swarm::default(), world: None, faults: Vec::new() }
     }
 
     /// The plan of `seed` for `topo`: every fault starts and ends inside `horizon` (the
@@ -329,6 +363,27 @@ impl FaultPlan {
     /// stay under the heartbeat timeout, long ones exceed it by at least one heartbeat
     /// interval, slow handlers exceed the client timeout.
     pub fn draw(seed: u64, topo: &Topology, horizon: Duration) -> Self {
+        Self::draw_inner(seed, topo, horizon, false)
+    }
+
+    /// The main job's plan of `seed`: [`Self::draw`]'s faults, the race biases as further
+    /// fault kinds (each switched on or off per seed, on streams of their own, so the
+    /// faults [`Self::draw`] gives are drawn as before and only the overlap rule may drop
+    /// one), and the seed's world ([`WorldSwarm::draw`] with `exposure`).
+    pub fn draw_swarmed(seed: u64, topo: &Topology, horizon: Duration, exposure: Exposure) -> Self {
+        let mut plan = Self::draw_inner(seed, topo, horizon, true);
+        let mut world = WorldSwarm::draw(seed, exposure);
+        let flooded = plan.faults.iter().any(|f| matches!(f.kind, FaultKind::PeerFlood { .. }));
+        if flooded && world.max_peers.is_none() && !exposure.unbounded_peers {
+            // Unbounded peers under a flood is race p2p-s10, which ctlplane has by default:
+            // its fix is this bound (the open PR's value).
+            world.max_peers = Some(FLOOD_FIX_MAX_PEERS);
+        }
+        plan.world = Some(world);
+        plan
+    }
+
+    fn draw_inner(seed: u64, topo: &Topology, horizon: Duration, extra: bool) -> Self {
         let horizon_ms = ms(horizon);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         rng.set_stream(stream::SWARM);
@@ -345,6 +400,7 @@ impl FaultPlan {
             slow_handler: rate(),
             malformed: rate(),
             reconnect_race: rate(),
+            ..Swarm::default()
         };
         let t = Targets::of(topo);
         let kinds = [
@@ -386,6 +442,10 @@ impl FaultPlan {
                 }
             }
         }
+        let mut swarm = swarm;
+        if extra {
+            draw_extra(seed, horizon_ms, topo, &t, &mut swarm, &mut drawn);
+        }
         drawn.sort_by_key(|f| f.at_ms);
         // Keep a fault only if its link or host is free for its whole span.
         let mut busy: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
@@ -402,7 +462,7 @@ impl FaultPlan {
             }
             faults.push(f);
         }
-        FaultPlan { seed, swarm, faults }
+        FaultPlan { seed, swarm, world: None, faults }
     }
 
     /// Pretty JSON, as `ctlsim plan` prints it and `--plan` reads it.
@@ -463,6 +523,146 @@ impl FaultPlan {
     /// When the last fault ends, ms.
     pub fn end_ms(&self) -> u64 {
         self.faults.iter().map(|f| f.at_ms + f.kind.span_ms()).max().unwrap_or(0)
+    }
+}
+
+/// `max_peers` the main job gives the P2P peers of a seed with a peer flood, unless its
+/// world drew a bound of its own.
+pub const FLOOD_FIX_MAX_PEERS: usize = 128;
+/// Requests each other peer sends a peer that stopped reading (more than the DEALER
+/// high-water mark, the peer's RCVHWM and the TCP credit hold).
+const STOP_READING_BURST: u32 = 3_000;
+
+/// The bias kinds of the main job's plan: each on or off per seed (its switch on stream
+/// [`stream::SWARM_EXTRA`]), its faults on a stream of its own.
+fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &mut Swarm, out: &mut Vec<Fault>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream::SWARM_EXTRA);
+    let mut rate = || {
+        let enabled = rng.gen_bool(0.4);
+        // 0.5 to 3 faults in a 20 s active phase: one is often all a race needs.
+        KindRate { enabled, per_hour: if enabled { rng.gen_range(90..=540) } else { 0 } }
+    };
+    swarm.peer_flood = rate();
+    swarm.replace_race = rate();
+    swarm.stop_reading = rate();
+    swarm.forged_identity = rate();
+    swarm.silent_restart = rate();
+    swarm.discovery_loss = rate();
+    swarm.completion_failure = rate();
+    let kinds = [
+        swarm.peer_flood,
+        swarm.replace_race,
+        swarm.stop_reading,
+        swarm.forged_identity,
+        swarm.silent_restart,
+        swarm.discovery_loss,
+        swarm.completion_failure,
+    ];
+    let ranks = &t.ranks;
+    let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
+    let peers = &topo.p2p_peers;
+    for (k, kr) in kinds.iter().enumerate() {
+        if !kr.enabled {
+            continue;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream::KIND_BASE + 0x80 + k as u64);
+        let expected_milli = u128::from(kr.per_hour) * u128::from(horizon_ms) * 1000 / 3_600_000;
+        let mut n = (expected_milli / 1000) as u64;
+        if rng.gen_range(0..1000) < (expected_milli % 1000) as u64 {
+            n += 1;
+        }
+        for _ in 0..n {
+            let two = |rng: &mut ChaCha8Rng| -> Option<(String, String)> {
+                let (a, b) = pick(rng, &t.p2p_pairs)?.clone();
+                Some(if rng.gen_bool(0.5) { (a, b) } else { (b, a) })
+            };
+            let at = |rng: &mut ChaCha8Rng, span: u64| rng.gen_range(0..horizon_ms.saturating_sub(span).max(1));
+            match k {
+                0 => {
+                    let Some(host) = pick(&mut rng, peers).cloned() else { continue };
+                    let kind = FaultKind::PeerFlood { host, count: rng.gen_range(20..=480) };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind });
+                }
+                1 => {
+                    let Some((host, peer)) = two(&mut rng) else { continue };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind: FaultKind::ReplaceRace { host, peer } });
+                }
+                2 => {
+                    let Some(host) = pick(&mut rng, peers).cloned() else { continue };
+                    let for_ms = rng.gen_range(1_000..=8_000);
+                    let kind = FaultKind::StopReading { host, for_ms, burst: STOP_READING_BURST };
+                    out.push(Fault { at_ms: at(&mut rng, for_ms), kind });
+                }
+                3 => {
+                    let Some((from, to)) = two(&mut rng) else { continue };
+                    let targets: Vec<String> = t.hosts.iter().filter(|h| **h != from).cloned().collect();
+                    let Some(target) = pick(&mut rng, &targets).cloned() else { continue };
+                    let port = if rng.gen_bool(0.5) { 22 } else { rng.gen_range(1..=65_535) };
+                    let kind = FaultKind::ForgedIdentity { from, to, claims: format!("{target}:{port}") };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind });
+                }
+                4 => {
+                    let Some((host, peer)) = two(&mut rng) else { continue };
+                    let for_ms = rng.gen_range(1_000..=6_000);
+                    let at_ms = at(&mut rng, for_ms);
+                    let bounce_ms = at_ms + rng.gen_range(100..=for_ms / 2);
+                    out.push(Fault { at_ms, kind: FaultKind::Partition { a: host.clone(), b: peer.clone(), for_ms } });
+                    let kind = FaultKind::ReconnectRace { host, peer, partition_ms: 0, gap_ms: 0 };
+                    out.push(Fault { at_ms: bounce_ms, kind });
+                }
+                5 => {
+                    if rng.gen_bool(0.5) {
+                        let (Some(a), Some(b)) =
+                            (pick(&mut rng, &topo.schedulers).cloned(), pick(&mut rng, &bases).cloned())
+                        else {
+                            continue;
+                        };
+                        let kind = FaultKind::Partition { a, b, for_ms: rng.gen_range(3_000..=15_000) };
+                        out.push(Fault { at_ms: rng.gen_range(0..=200), kind });
+                        // Half the time pushes fail meanwhile too, so requests that arrive
+                        // while a drain blocks on discovery wait in vain.
+                        if rng.gen_bool(0.5) {
+                            let (Some(a), Some(b)) =
+                                (pick(&mut rng, &topo.producers).cloned(), pick(&mut rng, ranks).cloned())
+                            else {
+                                continue;
+                            };
+                            let kind = FaultKind::Partition { a, b, for_ms: rng.gen_range(2_000..=8_000) };
+                            out.push(Fault { at_ms: rng.gen_range(0..=4_000), kind });
+                        }
+                    } else {
+                        let (Some(from), Some(to)) =
+                            (pick(&mut rng, &bases).cloned(), pick(&mut rng, &topo.producers).cloned())
+                        else {
+                            continue;
+                        };
+                        let kind = FaultKind::OneWay { from, to, for_ms: rng.gen_range(2_000..=8_000) };
+                        out.push(Fault { at_ms: rng.gen_range(0..=150), kind });
+                    }
+                }
+                _ => {
+                    let Some(slow) = pick(&mut rng, ranks).cloned() else { continue };
+                    let others: Vec<String> = ranks.iter().filter(|r| **r != slow).cloned().collect();
+                    let (Some(failing), Some(producer)) =
+                        (pick(&mut rng, &others).cloned(), pick(&mut rng, &topo.producers).cloned())
+                    else {
+                        continue;
+                    };
+                    let for_ms = rng.gen_range(2_000..=8_000);
+                    let at_ms = at(&mut rng, for_ms + 100);
+                    out.push(Fault { at_ms, kind: FaultKind::OneWay { from: slow, to: producer.clone(), for_ms } });
+                    let kind = FaultKind::Malformed {
+                        from: producer,
+                        to: failing,
+                        count: rng.gen_range(12..=30),
+                        garbage: Garbage::NotJson,
+                    };
+                    out.push(Fault { at_ms: at_ms + rng.gen_range(0..=100), kind });
+                }
+            }
+        }
     }
 }
 

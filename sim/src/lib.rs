@@ -23,4 +23,5 @@ pub mod shrink;
 pub mod sweep_record;
 pub mod topology;
 pub mod trace;
+pub mod world_swarm;
 pub mod zmq;

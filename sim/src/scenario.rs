@@ -17,6 +17,7 @@ use crate::faults::{Fault, FaultKind, FaultPlan, Garbage};
 use crate::hosts::workload::WorkloadConfig;
 use crate::knobs::Knobs;
 use crate::topology::Topology;
+use crate::world_swarm::Exposure;
 
 /// RNG stream of the bias faults (apart from every stream `FaultPlan::draw` uses).
 const BIAS_STREAM: u64 = 0xb1a5;
@@ -89,9 +90,19 @@ pub struct Resolved {
     /// The race, for a race scenario.
     pub race: Option<&'static Race>,
     pub bias: Bias,
-    /// The world settings both the switched and the fixed run use.
+    /// The world settings both the switched and the fixed run use (unless the plan
+    /// carries a drawn world).
     pub knobs: Knobs,
+    /// `Some`: the main job's swarmed world (`full`, and every `generic-<race>`): each
+    /// seed draws its world with its plan, with the settings of this exposure allowed.
+    pub swarm: Option<Exposure>,
 }
+
+/// The prefix of a generic race scenario: `generic-ec-s11` is race `ec-s11` searched on
+/// the main job's scenario (swarmed `full`) with only its switch on.
+pub const GENERIC_PREFIX: &str = "generic-";
+/// The main job's scenario.
+pub const MAIN: &str = "full";
 
 /// The bias of a race scenario.
 pub fn bias_of(scenario: &str) -> Bias {
@@ -253,6 +264,18 @@ pub fn resolve(name: &str) -> Option<Resolved> {
             race: None,
             bias: Bias::None,
             knobs: Knobs::default(),
+            swarm: (name == MAIN).then(Exposure::default),
+        });
+    }
+    if let Some(race_name) = name.strip_prefix(GENERIC_PREFIX) {
+        let race = regressions::race(race_name)?;
+        return Some(Resolved {
+            topology: MAIN.to_string(),
+            regressions: race.regressions(),
+            race: Some(race),
+            bias: Bias::None,
+            knobs: Knobs::default(),
+            swarm: Some(Exposure::of(race_name)),
         });
     }
     let race = regressions::race(name)?;
@@ -262,6 +285,7 @@ pub fn resolve(name: &str) -> Option<Resolved> {
         race: Some(race),
         bias: bias_of(name),
         knobs: knobs_of(name),
+        swarm: None,
     })
 }
 
@@ -281,6 +305,7 @@ fn topology_of(scenario: &str) -> &'static str {
 pub fn names() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = Topology::names().to_vec();
     v.extend(regressions::RACES.iter().map(|r| r.scenario));
+    v.push("generic-<race>");
     v
 }
 
@@ -294,6 +319,9 @@ pub fn topology(name: &str) -> Option<Topology> {
 pub fn plan(seed: u64, name: &str) -> Option<FaultPlan> {
     let r = resolve(name)?;
     let topo = Topology::by_name(&r.topology)?;
+    if let Some(exposure) = r.swarm {
+        return Some(FaultPlan::draw_swarmed(seed, &topo, engine::ACTIVE, exposure));
+    }
     let mut plan = FaultPlan::draw(seed, &topo, engine::ACTIVE);
     add_bias(&mut plan, r.bias, &topo);
     Some(plan)
@@ -312,7 +340,9 @@ pub fn run_switched(cfg: &RunConfig, switched: bool) -> RunReport {
     let plan = cfg.plan.clone().or_else(|| plan(cfg.seed, &cfg.scenario));
     let inner = RunConfig { seed: cfg.seed, scenario: r.topology.clone(), plan, keep_trace: cfg.keep_trace };
     let regs = if switched { r.regressions } else { Regressions::default() };
-    let mut report = engine::run_tuned(&inner, &regs, &r.knobs);
+    // A plan that carries a drawn world runs in it (a saved plan of the main job too).
+    let knobs = inner.plan.as_ref().and_then(|p| p.world.as_ref()).map_or_else(|| r.knobs.clone(), |w| w.knobs());
+    let mut report = engine::run_tuned(&inner, &regs, &knobs);
     report.scenario = cfg.scenario.clone();
     report
 }
@@ -540,5 +570,41 @@ mod tests {
             assert_eq!(plan(seed, "ec-s1"), Some(biased), "deterministic");
         }
         assert_eq!(plan(3, "small"), Some(FaultPlan::draw(3, &topo, engine::ACTIVE)));
+    }
+
+    #[test]
+    fn the_main_job_draws_its_world_with_its_plan_and_keeps_the_base_kinds_draws() {
+        let full = Topology::full();
+        let mut unbiased = 0;
+        for seed in 0..200 {
+            let p = plan(seed, MAIN).expect("known");
+            assert!(p.world.is_some(), "the main job's plan carries its world");
+            assert!(p.validate(&full).is_ok());
+            assert_eq!(plan(seed, MAIN).as_ref(), Some(&p), "deterministic");
+            let base = FaultPlan::draw(seed, &full, engine::ACTIVE);
+            let off = crate::faults::KindRate::default();
+            let extra = crate::faults::Swarm {
+                peer_flood: off,
+                replace_race: off,
+                stop_reading: off,
+                forged_identity: off,
+                silent_restart: off,
+                discovery_loss: off,
+                completion_failure: off,
+                ..p.swarm
+            };
+            assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");
+            if extra == p.swarm {
+                unbiased += 1;
+                assert_eq!(p.faults, base.faults, "seed {seed}: no bias kind on, the base draw's faults");
+            }
+        }
+        assert!(unbiased > 0);
+        assert!(plan(3, "small").is_some_and(|p| p.world.is_none()));
+        let g = resolve("generic-ec-s11").expect("a generic race");
+        assert_eq!((g.topology.as_str(), g.bias), (MAIN, Bias::None));
+        assert!(!g.regressions.is_fixed() && g.swarm == Some(Exposure::default()));
+        assert!(resolve("generic-p2p-s5").is_some_and(|r| r.swarm.is_some_and(|e| e.no_handshake_deadline)));
+        assert!(resolve("generic-nope").is_none());
     }
 }

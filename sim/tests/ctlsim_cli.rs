@@ -71,6 +71,32 @@ fn a_plan_round_trips_through_a_file_and_runs_the_same() {
 }
 
 #[test]
+fn the_main_jobs_plan_prints_its_world_and_a_plan_file_replays_it() {
+    let plan = ctlsim(&["plan", "--seed", "5"]);
+    assert_eq!(plan.status.code(), Some(0));
+    let text = stdout(&plan);
+    assert!(text.contains("\"world\": {") && text.contains("\"encode_ms\""), "{text}");
+    let path = temp("plan5-full.json");
+    std::fs::write(&path, &plan.stdout).expect("write plan");
+    let p = path.to_str().expect("utf-8 path");
+    let from_file = ctlsim(&["run", "--seed", "5", "--plan", p]);
+    let drawn = ctlsim(&["run", "--seed", "5"]);
+    assert_eq!(hash(&from_file), hash(&drawn), "the file's world is the one the seed draws");
+    assert_eq!(from_file.status.code(), Some(0));
+}
+
+#[test]
+fn the_generic_catalogue_searches_a_race_on_the_main_job() {
+    let out = ctlsim(&["catalogue", "--generic", "--races", "ec-s9", "--cap", "3"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("ec-s9") && text.contains("req-lockstep"), "{text}");
+    assert!(text.contains("1/1 races found within 3 seeds, 1 with every fixed run passing"), "{text}");
+    let run = ctlsim(&["run", "--seed", "0", "--scenario", "generic-ec-s9"]);
+    assert_verdict(&run, 0, "generic-ec-s9");
+}
+
+#[test]
 fn run_writes_its_trace_as_json_lines() {
     let path = temp("trace.jsonl");
     let p = path.to_str().expect("utf-8 path");

@@ -1,4 +1,5 @@
-//! The same seed on the same build gives the same trace hash; different seeds differ.
+//! The same seed on the same build gives the same trace hash; different seeds differ. Seeds
+//! run the main job's scenario (`full`, its world and fault plan drawn from the seed).
 //!
 //! Each seed runs twice on one thread; seeds are spread over two threads (a simulation's
 //! state is thread-local, so runs on different threads do not interact).
@@ -7,7 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ctlplane_sim::engine::{run, RunConfig};
+use ctlplane_sim::engine::RunConfig;
+use ctlplane_sim::scenario::run;
 
 /// Seeds run twice each (env `CTLSIM_DETERMINISM_SEEDS` overrides, for a quick local run).
 fn seeds() -> u64 {

@@ -1,5 +1,5 @@
-//! The seeded suite: N seeds of the full topology, each with its own fault plan, and not
-//! one oracle may fire. N comes from `CTLSIM_SUITE_SEEDS` (default 200); seeds start at
+//! The seeded suite: N seeds of the main job's scenario (`full`), each with its own world and
+//! fault plan, and not one oracle may fire. N comes from `CTLSIM_SUITE_SEEDS` (default 200); seeds start at
 //! `CTLSIM_SUITE_FIRST` (default 0). Seeds run on `CTLSIM_SUITE_THREADS` threads (default
 //! 2): every simulation keeps its state thread-local, so runs on different threads are
 //! independent.
@@ -7,7 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ctlplane_sim::engine::{run, RunConfig};
+use ctlplane_sim::engine::RunConfig;
+use ctlplane_sim::scenario::run;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use ctlplane_core::ec::defaults::REP_RECV_TIMEOUT;
 use ctlplane_core::ec::inbox::decode_event;
+use ctlplane_core::ec::State;
 use ctlplane_core::ec::{ConsumerShard, ServeStep, ShardConfig};
 
 use super::world::{self, stream, Rank};
@@ -241,11 +242,20 @@ fn flush_events(
             Ok(()) => {
                 shard.borrow_mut().confirm_sent();
                 if let Some(tid) = transfer_id {
+                    // An event that waited in the backlog (no subscriber yet) past its
+                    // reservation's end is stale: the scheduler has no use for it, and the
+                    // destination it names may hold another item's bytes by now. The
+                    // ledger judges announcements of reservations still READY.
+                    let live = shard.borrow().book().state_of(&tid) == Some(State::Ready);
                     let unwritten = world::with(|w| {
                         w.announced_at.insert((host.to_string(), tid.clone()), clock::now());
                         w.published.entry((consumer, tid)).or_default().insert(rank);
                         let session = w.ranks.get(host).map(|r| r.session.clone()).unwrap_or_default();
-                        w.landed.check_published(&session, &frame).err()
+                        if live {
+                            w.landed.check_published(&session, &frame).err()
+                        } else {
+                            None
+                        }
                     });
                     // Oracle: an item is announced only once its reservation's bytes landed.
                     if let Some(detail) = unwritten {

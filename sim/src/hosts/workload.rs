@@ -154,8 +154,9 @@ fn draw_wave(
     let mut t = start;
     let end = start + span;
     let gap_ns = config.mean_gap.as_nanos() as u64;
-    while t < end && consumers > 0 && producers > 0 {
-        let n = rng.gen_range(1..=config.max_items.max(1));
+    while t < end && consumers > 0 && producers > 0 && !hashes.is_empty() {
+        // No more items than distinct hashes: a request names each hash once.
+        let n = rng.gen_range(1..=config.max_items.max(1)).min(hashes.len());
         let mut items: Vec<PushItem> = Vec::with_capacity(n);
         while items.len() < n {
             // Skewed: the low indices are popular.
