@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The oracles' mutation score: cargo-mutants mutates the core's decision modules, and the
+# only test run on each mutant is the main job's seeded suite (sim/tests/suite.rs: the full
+# topology, each seed's swarm fault plan, every oracle). A mutant counts as killed only when
+# the suite fails on it; the unit tests never run. A suite that outlives its timeout is
+# listed apart (a hang is not an oracle's verdict).
+#
+#   scripts/mutation.sh [--seeds N] [--shard K/N] [--jobs J] [--out DIR]
+#
+#   --seeds  seeds of the suite per mutant (default 100)
+#   --shard  only the mutants i with i % N == K, a fixed sample (default: all of them)
+#   --jobs   mutants built and tested at once (default 1)
+#   --out    output directory (default target/mutation); cargo-mutants writes
+#            DIR/mutants.out, this script DIR/table.md
+#
+# Needs cargo-mutants (`cargo install cargo-mutants --locked`). Prints the table per file
+# (mutants, viable, killed, survivors) and every survivor; docs/simulator.md has the figures.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+seeds=100
+shard=""
+jobs=1
+out="target/mutation"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --seeds) seeds="$2"; shift 2 ;;
+        --shard) shard="$2"; shift 2 ;;
+        --jobs) jobs="$2"; shift 2 ;;
+        --out) out="$2"; shift 2 ;;
+        *) echo "scripts/mutation.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
+    esac
+done
+[[ "$seeds" =~ ^[1-9][0-9]*$ ]] || { echo "scripts/mutation.sh: --seeds takes a positive number, not '$seeds'" >&2; exit 2; }
+cargo mutants --version >/dev/null 2>&1 || {
+    echo "scripts/mutation.sh: cargo-mutants is not installed (cargo install cargo-mutants --locked)" >&2
+    exit 2
+}
+
+# The core's decision modules.
+files=(
+    core/src/ec/reservations.rs core/src/ec/slab.rs core/src/ec/shard.rs core/src/ec/serve_step.rs
+    core/src/ec/producer.rs core/src/ec/request_slot.rs core/src/ec/inbox.rs core/src/ec/readiness.rs
+    core/src/ec/scheduler.rs 'core/src/ec/scheduler/*.rs'
+    core/src/p2p/registry.rs core/src/p2p/session.rs 'core/src/p2p/manager/*.rs' 'core/src/p2p/manager/**/*.rs'
+)
+# cargo-mutants' own baseline would run the mutated package's tests, not the suite; the
+# unmutated suite is run here first instead, and the mutants' timeout is set from it.
+# Each mutant is rebuilt before its suite, so the timeout is for the suite alone.
+args=(-p ctlplane-core --test-package ctlplane-sim --cargo-test-arg=--test=suite --jobs "$jobs" --output "$out" --baseline skip)
+for f in "${files[@]}"; do args+=(-f "$f"); done
+[[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
+
+mkdir -p "$out"
+export CTLSIM_SUITE_SEEDS="$seeds" CTLSIM_SUITE_THREADS="${CTLSIM_SUITE_THREADS:-2}"
+test_name=seeded_suite_of_the_full_topology_has_no_violations
+echo "== the unmutated suite ($seeds seeds), which every mutant's run is timed against"
+cargo test -p ctlplane-sim --test suite --no-run
+started=$(date +%s)
+cargo test -p ctlplane-sim --test suite -- "$test_name" --exact
+took=$(( $(date +%s) - started ))
+timeout=$(( took * 5 > 60 ? took * 5 : 60 ))
+args+=(--timeout "$timeout")
+echo "== cargo mutants over ${#files[@]} decision modules, the seeded suite of $seeds seeds as the only test (timeout ${timeout} s)"
+# Exit status 2 (survivors) and 3 (timeouts) are results, not failures of the job.
+set +e
+cargo mutants "${args[@]}" -- -- "$test_name" --exact
+status=$?
+set -e
+case "$status" in
+    0 | 2 | 3) ;;
+    *) echo "scripts/mutation.sh: cargo mutants failed with status $status" >&2; exit "$status" ;;
+esac
+python3 scripts/mutation_table.py "$out/mutants.out/outcomes.json" | tee "$out/table.md"
