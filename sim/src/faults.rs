@@ -340,6 +340,24 @@ impl Targets {
     }
 }
 
+/// A completion failure on two ranks: from `at_ms`, the `slow` rank's replies to the
+/// producer are lost for `for_ms` (the completions in flight to it wait out the control
+/// timeout), and from the same moment the `failing` rank gets garbage in place of the
+/// producer's next requests (the same batches' completions there fail at once).
+pub fn completion_failure(
+    rng: &mut ChaCha8Rng,
+    slow: String,
+    failing: String,
+    producer: String,
+    at_ms: u64,
+    for_ms: u64,
+) -> [Fault; 2] {
+    let lost = Fault { at_ms, kind: FaultKind::OneWay { from: slow, to: producer.clone(), for_ms } };
+    let kind =
+        FaultKind::Malformed { from: producer, to: failing, count: rng.gen_range(12..=30), garbage: Garbage::NotJson };
+    [lost, Fault { at_ms: at_ms + rng.gen_range(0..=100), kind }]
+}
+
 fn pick<'a, T>(rng: &mut ChaCha8Rng, v: &'a [T]) -> Option<&'a T> {
     if v.is_empty() {
         None
@@ -652,14 +670,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     };
                     let for_ms = rng.gen_range(2_000..=8_000);
                     let at_ms = at(&mut rng, for_ms + 100);
-                    out.push(Fault { at_ms, kind: FaultKind::OneWay { from: slow, to: producer.clone(), for_ms } });
-                    let kind = FaultKind::Malformed {
-                        from: producer,
-                        to: failing,
-                        count: rng.gen_range(12..=30),
-                        garbage: Garbage::NotJson,
-                    };
-                    out.push(Fault { at_ms: at_ms + rng.gen_range(0..=100), kind });
+                    out.extend(completion_failure(&mut rng, slow, failing, producer, at_ms, for_ms));
                 }
             }
         }

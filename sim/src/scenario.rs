@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{self, RunConfig, RunReport};
-use crate::faults::{Fault, FaultKind, FaultPlan, Garbage};
+use crate::faults::{self, Fault, FaultKind, FaultPlan, Garbage};
 use crate::hosts::workload::WorkloadConfig;
 use crate::knobs::Knobs;
 use crate::topology::Topology;
@@ -531,14 +531,7 @@ fn timed_bias(bias: Bias, rng: &mut ChaCha8Rng, topo: &Topology) -> Vec<Fault> {
             };
             let at_ms = rng.gen_range(3_000..=15_000);
             let for_ms = rng.gen_range(2_000..=8_000);
-            out.push(Fault { at_ms, kind: FaultKind::OneWay { from: slow, to: producer.clone(), for_ms } });
-            let kind = FaultKind::Malformed {
-                from: producer,
-                to: failing,
-                count: rng.gen_range(12..=30),
-                garbage: Garbage::NotJson,
-            };
-            out.push(Fault { at_ms: at_ms + rng.gen_range(0..=100), kind });
+            out.extend(faults::completion_failure(rng, slow, failing, producer, at_ms, for_ms));
         }
         _ => {}
     }

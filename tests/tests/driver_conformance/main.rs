@@ -11,3 +11,16 @@
 mod call_log;
 mod peer_manager;
 mod request_slot;
+
+/// The turmoil world both simulated runs take place in: a fixed seed and a fixed 1 ms
+/// latency, so the scripted peer's order of events is the only thing that varies, and the
+/// simulator's clock reset for the new world.
+fn scripted_world() -> turmoil::Sim<'static> {
+    ctlplane_sim::clock::reset();
+    turmoil::Builder::new()
+        .simulation_duration(std::time::Duration::from_secs(120))
+        .min_message_latency(std::time::Duration::from_millis(1))
+        .max_message_latency(std::time::Duration::from_millis(1))
+        .rng_seed(7)
+        .build()
+}

@@ -307,13 +307,7 @@ fn simulated() -> Vec<String> {
     use ctlplane_sim::p2p::{install_peer, peer_id, PeerConfig, PeerSettings};
     use ctlplane_sim::zmq::{Context, Socket, SocketOptions, SocketType};
 
-    ctlplane_sim::clock::reset();
-    let mut sim = turmoil::Builder::new()
-        .simulation_duration(Duration::from_secs(120))
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(1))
-        .rng_seed(7)
-        .build();
+    let mut sim = super::scripted_world();
     let settings = PeerSettings { quiet: true, ..PeerSettings::default() };
     let peers = vec![NODE.to_string(), SCRIPTED.to_string()];
     install_peer(&mut sim, PeerConfig { name: NODE.into(), peers, seed: 7, t0: T0Switches::default(), settings });

@@ -115,13 +115,7 @@ fn production() -> Vec<String> {
 
 fn simulated() -> Vec<String> {
     use ctlplane_sim::zmq::{Context, Socket, SocketOptions, SocketType};
-    ctlplane_sim::clock::reset();
-    let mut sim = turmoil::Builder::new()
-        .simulation_duration(Duration::from_secs(120))
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(1))
-        .rng_seed(7)
-        .build();
+    let mut sim = super::scripted_world();
     sim.host("server", || async {
         let ctx = Context::new("server");
         let router = Socket::new(&ctx, SocketType::Router, SocketOptions::default());
