@@ -41,3 +41,25 @@ fn the_table_has_a_row_per_race_and_a_summary() {
     assert!(text.contains("accept-before-ready"), "{text}");
     assert!(text.contains("1/1 races found within 2 seeds"), "{text}");
 }
+
+/// Races the generic catalogue (`ctlsim catalogue --generic`, the main job's swarmed world
+/// with only the race's switch on) finds within a couple of seeds on this build. The full
+/// generic table (every race, 200 seeds) is in `docs/races.md`.
+const GENERIC_CAP: u64 = 3;
+const GENERIC_CI_RACES: &[&str] = &["ec-s6", "ec-s8", "ec-s9", "p2p-s1", "p2p-s3", "p2p-s18", "p2p-hwm"];
+
+#[test]
+fn generic_ci_races_are_found_on_the_main_job_and_pass_with_the_fix() {
+    let only: Vec<String> = GENERIC_CI_RACES.iter().map(|s| s.to_string()).collect();
+    let mut out = Vec::new();
+    let rows = catalogue::run_in(&only, 0, GENERIC_CAP, true, &mut out);
+    let text = String::from_utf8(out).expect("utf-8");
+    assert_eq!(rows.len(), GENERIC_CI_RACES.len(), "{text}");
+    for r in &rows {
+        assert!(r.switched, "{}: every CI race here has a switch", r.scenario);
+        let (seed, _) =
+            r.found.unwrap_or_else(|| panic!("{} not found within {GENERIC_CAP} seeds:\n{text}", r.scenario));
+        assert_eq!(r.fixed_runs, seed + 1, "{}: every searched seed reran with the fix", r.scenario);
+        assert!(r.fixed_failures.is_empty(), "{} fails with the fix:\n{text}", r.scenario);
+    }
+}
