@@ -219,7 +219,7 @@ fn requests_resolve_item_by_item_and_a_collision_fails_only_the_newcomer() {
 #[test]
 fn s5_runs_discovery_inline_and_s6_counts_the_base_shard_only() {
     let config = SchedulerConfig {
-        inbox: InboxRegressions { s5_inline_discovery: true, s6_base_shard_only: true },
+        inbox: InboxRegressions { s5_inline_discovery: true, s6_base_shard_only: true, ..InboxRegressions::default() },
         ..SchedulerConfig::default()
     };
     let mut s = Scheduler::new(config);
