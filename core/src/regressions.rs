@@ -10,6 +10,7 @@ use crate::ec::inbox::InboxRegressions;
 use crate::ec::producer::PushRegressions;
 use crate::ec::request_slot::SlotRegressions;
 use crate::ec::reservations::BookRegressions;
+use crate::ec::scheduler::SchedulerRegressions;
 use crate::ec::shard::ShardRegressions;
 use crate::p2p::manager::ManagerRegressions;
 use crate::p2p::T0Switches;
@@ -31,6 +32,8 @@ pub struct Regressions {
     pub book: BookRegressions,
     /// `Inbox::new`.
     pub inbox: InboxRegressions,
+    /// `SchedulerConfig::regressions`.
+    pub scheduler: SchedulerRegressions,
     /// `RequestSlot::with_regressions` (every control client's REQ slots).
     pub slot: SlotRegressions,
     /// `PushConfig::regressions`.
@@ -225,6 +228,18 @@ pub const RACES: &[Race] = &[
         title: "a forged identity makes a node dial an address of the sender's choosing",
         switches: Some(|| with(|r| r.t0.trust_identity = true)),
         oracles: &["p2p-dial-non-peer"],
+    },
+    Race {
+        scenario: "ec-s7",
+        title: "partial event-port discovery subscribes to the shards that answered",
+        switches: Some(|| with(|r| r.inbox.s7_partial_subscribe = true)),
+        oracles: &["accept-before-ready"],
+    },
+    Race {
+        scenario: "ec-s24",
+        title: "a colliding client-supplied transfer id stops the scheduler",
+        switches: Some(|| with(|r| r.scheduler.s24_collision_raises = true)),
+        oracles: &["request-resolves"],
     },
 ];
 

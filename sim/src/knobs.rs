@@ -42,6 +42,12 @@ pub struct Knobs {
     /// writes run on threads of their own and go on. `None` (production's idle encoders):
     /// no stall.
     pub producer_stalls: Option<ProducerStalls>,
+    /// Colliding client-supplied transfer ids (ec-behaviour.md S24), per mille of the
+    /// workload's requests: right after such a request reaches the scheduler, a second
+    /// client request names its first item's transfer id for another mm_hash. Only the
+    /// scheduler sees it (no encoder call is made for it); `None` (production's proxy
+    /// mints every id): none.
+    pub colliding_ids_per_mille: Option<u32>,
 }
 
 /// When producers stall (`Knobs::producer_stalls`), drawn per producer from the seed.

@@ -19,6 +19,8 @@ use crate::knobs::Knobs;
 use crate::topology::Topology;
 use crate::world_swarm::Exposure;
 
+mod ec_scheduler;
+
 /// RNG stream of the bias faults (apart from every stream `FaultPlan::draw` uses).
 const BIAS_STREAM: u64 = 0xb1a5;
 /// Bias faults added per seed (fewer when they would overlap the plan's own).
@@ -78,6 +80,9 @@ pub enum Bias {
     /// (`ec-s17`): replies from one rank lost for a while, and a burst of undecodable frames
     /// from the producer to the other rank at the same moment.
     CompletionFailure,
+    /// The scheduler's first discovery gets every answer but one rank's `event_port`
+    /// (`ec-s7`).
+    PartialDiscovery,
 }
 
 /// What a scenario name resolves to.
@@ -124,6 +129,7 @@ pub fn bias_of(scenario: &str) -> Bias {
         "ec-s4" => Bias::EventsUndrained,
         "ec-s5" => Bias::SchedulerDiscovery,
         "ec-s8" => Bias::ProducerDiscovery,
+        "ec-s7" => Bias::PartialDiscovery,
         _ => Bias::None,
     }
 }
@@ -149,6 +155,7 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         // Several REQ sockets per shard address, as the reference's thread pool keeps, so
         // an abandon can travel beside a completion still in flight to the same shard.
         "ec-s17" => k = knobs_s17(),
+        "ec-s24" => k = ec_scheduler::knobs_s24(),
         _ => {}
     }
     k
@@ -367,6 +374,7 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
             | Bias::SchedulerDiscovery
             | Bias::ProducerDiscovery
             | Bias::CompletionFailure
+            | Bias::PartialDiscovery
     ) {
         for _ in 0..BIAS_FAULTS {
             let mut candidate = plan.clone();
@@ -468,7 +476,8 @@ fn add_bias(plan: &mut FaultPlan, bias: Bias, topo: &Topology) {
             | Bias::EventsUndrained
             | Bias::SchedulerDiscovery
             | Bias::ProducerDiscovery
-            | Bias::CompletionFailure => return,
+            | Bias::CompletionFailure
+            | Bias::PartialDiscovery => return,
         };
         let span = kind.span_ms();
         if span >= horizon {
@@ -533,6 +542,7 @@ fn timed_bias(bias: Bias, rng: &mut ChaCha8Rng, topo: &Topology) -> Vec<Fault> {
             let for_ms = rng.gen_range(2_000..=8_000);
             out.extend(faults::completion_failure(rng, slow, failing, producer, at_ms, for_ms));
         }
+        Bias::PartialDiscovery => out.extend(ec_scheduler::partial_discovery(rng, topo)),
         _ => {}
     }
     out

@@ -227,7 +227,8 @@ fn the_s5_and_s6_switches_reach_the_production_inbox() {
         router_send(&router, &id, br#"{"ok": true, "result": 20001}"#);
     });
     let client = Arc::new(ControlClient::new(CLIENT_TIMEOUT_MS));
-    let regressions = InboxRegressions { s5_inline_discovery: true, s6_base_shard_only: true };
+    let regressions =
+        InboxRegressions { s5_inline_discovery: true, s6_base_shard_only: true, ..InboxRegressions::default() };
     let mut inbox = EventInbox::with_regressions(client, &base, regressions);
     assert!(inbox.drain().events.is_empty());
     assert!(inbox.is_subscribed(), "S5: the first drain ran the whole pass");

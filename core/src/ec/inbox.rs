@@ -36,6 +36,9 @@ pub struct EndpointDiscovery {
     shards: Option<Vec<String>>,
     endpoints: Vec<String>,
     outcome: Option<DiscoveryStep>,
+    /// EC S7 regression: a failed `event_port` ends the pass with the endpoints found so
+    /// far instead of failing it.
+    keep_partial: bool,
 }
 
 impl EndpointDiscovery {
@@ -46,6 +49,7 @@ impl EndpointDiscovery {
             shards: cache.get(base).map(<[String]>::to_vec),
             endpoints: Vec::new(),
             outcome: None,
+            keep_partial: false,
         }
     }
 
@@ -57,6 +61,7 @@ impl EndpointDiscovery {
             shards: Some(vec![base.to_string()]),
             endpoints: Vec::new(),
             outcome: None,
+            keep_partial: false,
         }
     }
 
@@ -96,6 +101,11 @@ impl EndpointDiscovery {
                 });
                 match endpoint {
                     Ok(ep) => self.endpoints.push(ep),
+                    Err(e) if self.keep_partial && !self.endpoints.is_empty() => {
+                        tracing::warn!(shard = %addr, error = %e,
+                            "could not subscribe to the event channel of consumer shard; subscribing to the others");
+                        self.outcome = Some(DiscoveryStep::Done(self.endpoints.clone()));
+                    }
                     Err(e) => {
                         tracing::warn!(shard = %addr, error = %e,
                             "could not subscribe to the event channel of consumer shard; retrying the complete topology later");
@@ -145,6 +155,10 @@ pub struct InboxRegressions {
     /// EC S6: subscribe to the base shard only and count one shard, so one rank's event
     /// makes an item loadable.
     pub s6_base_shard_only: bool,
+    /// EC S7: a pass whose `event_port` fails on a later shard subscribes to the shards
+    /// that answered and counts only those, so their events alone make an item loadable
+    /// (the fixed pass fails whole and is retried on a later drain).
+    pub s7_partial_subscribe: bool,
 }
 
 /// Subscription state of the scheduler's event inbox.
@@ -181,11 +195,12 @@ impl Inbox {
             return None;
         }
         self.state = InboxState::Discovering;
-        let pass = if self.regressions.s6_base_shard_only {
+        let mut pass = if self.regressions.s6_base_shard_only {
             EndpointDiscovery::base_only(base)
         } else {
             EndpointDiscovery::new(base, cache)
         };
+        pass.keep_partial = self.regressions.s7_partial_subscribe;
         Some(StartDiscovery { pass, inline: self.regressions.s5_inline_discovery })
     }
 

@@ -415,6 +415,23 @@ mod tests {
     }
 
     #[test]
+    fn unavailable_and_expired_records_ignore_late_events_and_keep_no_partial_state() {
+        let mut r = Readiness::default();
+        r.wait_for_event("u", "h", T0).unwrap();
+        r.handle_event(ev("u", 1), 2, T0);
+        r.handle_timeout(T0 + PUSH_WAIT_TIMEOUT);
+        assert_eq!(r.state("u"), Some(TransferState::Unavailable));
+        assert_eq!(r.partial_count(), 0);
+        assert_eq!(r.handle_event(ev("u", 2), 2, T0 + PUSH_WAIT_TIMEOUT), EventFate::Ignored);
+        r.handle_event(ev("x", 1), 1, T0);
+        r.handle_timeout(T0 + RECORD_TTL);
+        assert_eq!(r.state("x"), Some(TransferState::Expired));
+        assert_eq!(r.handle_event(ev("x", 1), 1, T0 + RECORD_TTL), EventFate::Ignored);
+        assert_eq!(r.handle_event(ev("x", 2), 2, T0 + RECORD_TTL), EventFate::Ignored);
+        assert_eq!(r.partial_count(), 0, "nothing retained for terminal records");
+    }
+
+    #[test]
     fn a_colliding_transfer_id_fails_only_the_newcomer() {
         let mut r = Readiness::default();
         r.wait_for_event("shared", "h", T0).unwrap();

@@ -40,6 +40,8 @@ pub struct SchedulerConfig {
     pub readiness: ReadinessConfig,
     /// The inbox's regression switches (races S5, S6).
     pub inbox: InboxRegressions,
+    /// The scheduler's own regression switches (race S24).
+    pub regressions: SchedulerRegressions,
     /// `peers` attempts before a remote cancel gives up on an unconfirmed topology.
     pub discovery_attempts: u32,
     /// Attempts of a remote cancel on one shard before the scheduler gives up on it.
@@ -51,10 +53,28 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             readiness: ReadinessConfig::default(),
             inbox: InboxRegressions::default(),
+            regressions: SchedulerRegressions::default(),
             discovery_attempts: DISCOVERY_ATTEMPTS,
             cancel_attempts: CANCEL_ATTEMPTS,
         }
     }
+}
+
+/// Historical behaviours of the scheduler, each restoring one race of the catalogue
+/// (`docs/races.md`). All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerRegressions {
+    /// EC S24: a request naming a transfer id that already names another mm_hash stops
+    /// the scheduler ([`Scheduler::halted`]), as the reference's `schedule()` once raised
+    /// and took EngineCore down with it, instead of failing that request's item alone.
+    pub s24_collision_raises: bool,
+}
+
+/// Why a scheduler stopped serving: only a regression switch stops one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SchedulerHalt {
+    /// EC S24: a colliding transfer id escaped `schedule()`.
+    TransferIdCollision { transfer_id: String, existing: String },
 }
 
 /// Names a consumer replica of the scheduler (in the order they were added).
@@ -192,6 +212,7 @@ pub struct Scheduler {
     events: VecDeque<SchedulerEvent>,
     next_token: u64,
     next_request: u64,
+    halted: Option<SchedulerHalt>,
 }
 
 impl Default for Scheduler {
@@ -214,6 +235,7 @@ impl Scheduler {
             events: VecDeque::new(),
             next_token: 0,
             next_request: 0,
+            halted: None,
         }
     }
 
@@ -232,7 +254,8 @@ impl Scheduler {
 
     /// Input: a request needs `items` (transfer id, mm_hash) from `consumer`, none of them
     /// loadable yet; each waits for its events until the push-wait deadline. An item
-    /// whose transfer id already names another item fails at once (only the newcomer).
+    /// whose transfer id already names another item fails at once (only the newcomer;
+    /// under the S24 regression the scheduler halts instead, see [`Self::halted`]).
     pub fn request(
         &mut self,
         consumer: ConsumerId,
@@ -252,6 +275,14 @@ impl Scheduler {
             match c.readiness.wait_for_event(&item.transfer_id, &item.mm_hash, now) {
                 Ok(_) => {
                     self.waiters.entry((consumer.0, item.transfer_id.clone())).or_insert((id, index));
+                }
+                Err(error) if self.config.regressions.s24_collision_raises => {
+                    tracing::error!(%error, "EC scheduler stopped by a colliding transfer id");
+                    self.halted = Some(SchedulerHalt::TransferIdCollision {
+                        transfer_id: error.transfer_id,
+                        existing: error.existing,
+                    });
+                    return id;
                 }
                 Err(error) => {
                     tracing::warn!(%error, "EC request refused");
@@ -380,6 +411,12 @@ impl Scheduler {
         for c in &mut self.consumers {
             c.inbox.close();
         }
+    }
+
+    /// `Some` once a regression switch stopped the scheduler (EC S24): the driver must
+    /// stop serving it, as the reference's EngineCore died with the exception.
+    pub fn halted(&self) -> Option<&SchedulerHalt> {
+        self.halted.as_ref()
     }
 
     /// Shards the consumer's inbox listens to (1 until subscribed).

@@ -7,7 +7,7 @@
 //! Each [`Lane`] of the core gets its own control client, as production gives it its own
 //! thread: discovery shares one client, every consumer's remote cancels have their own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
@@ -44,6 +44,8 @@ struct Host {
     consumers: BTreeMap<ConsumerId, PerConsumer>,
     /// Workload request index of each core request.
     requests: BTreeMap<RequestId, usize>,
+    /// Colliding requests ([`Collisions`]): no workload request of their own.
+    colliders: BTreeSet<RequestId>,
     discovery: Rc<ControlClient>,
     cancels: BTreeMap<ConsumerId, Rc<ControlClient>>,
     tx: mpsc::UnboundedSender<Msg>,
@@ -66,7 +68,12 @@ pub async fn run(host: String) -> turmoil::Result {
         if let Some(wait) = w.knobs.push_wait_timeout {
             readiness.push_wait_timeout = wait;
         }
-        let config = SchedulerConfig { readiness, inbox: w.regressions.inbox, ..SchedulerConfig::default() };
+        let config = SchedulerConfig {
+            readiness,
+            inbox: w.regressions.inbox,
+            regressions: w.regressions.scheduler,
+            ..SchedulerConfig::default()
+        };
         let specs: Vec<(String, Vec<String>)> =
             w.topo.consumers.iter().map(|c| (c.base_addr(), c.ranks.clone())).collect();
         (config, specs)
@@ -80,7 +87,18 @@ pub async fn run(host: String) -> turmoil::Result {
         cancels.insert(id, Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT)));
     }
     let discovery = Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT));
-    let mut h = Host { name: host, ctx, core, consumers, requests: BTreeMap::new(), discovery, cancels, tx };
+    let mut collisions = Collisions::new(incarnation);
+    let mut h = Host {
+        name: host,
+        ctx,
+        core,
+        consumers,
+        requests: BTreeMap::new(),
+        colliders: BTreeSet::new(),
+        discovery,
+        cancels,
+        tx,
+    };
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());
 
     loop {
@@ -95,6 +113,21 @@ pub async fn run(host: String) -> turmoil::Result {
             let items = req.items.iter().map(|i| (i.transfer_id.clone(), i.mm_hash.clone()));
             let id = h.core.request(consumer, items, now);
             h.requests.insert(id, r);
+            if let Some(item) = req.items.first().filter(|_| collisions.draw()) {
+                // Another client names the same transfer id for another item (S24).
+                let clash = (item.transfer_id.clone(), format!("{}-collision", item.mm_hash));
+                crate::trace::record(&h.name, "ec.colliding_request", &[("transfer_id", &clash.0)]);
+                let id = h.core.request(consumer, [clash], now);
+                h.colliders.insert(id);
+            }
+            if let Some(halt) = h.core.halted() {
+                // The exception left `schedule()`: EngineCore is gone, and nothing resolves
+                // any more.
+                crate::trace::record(&h.name, "ec.scheduler.engine_crash", &[("halt", &format!("{halt:?}"))]);
+                world::with(|w| w.count("scheduler.halted", 1));
+                drop(h);
+                return std::future::pending().await;
+            }
         }
         h.core.handle_drain(now);
         if h.core.poll_timeout().is_some_and(|d| d <= now) {
@@ -210,6 +243,18 @@ impl Host {
                 crate::trace::record(host, "ec.load", &[("transfer_id", &transfer_id), ("loaded", &loaded)]);
                 self.core.report_load(consumer, &transfer_id, loaded, now);
             }
+            SchedulerEvent::ItemDone { request, transfer_id, fate, .. } if self.colliders.contains(&request) => {
+                // Only the colliding request fails; the first keeps the id.
+                let refused = fate == CoreFate::Unavailable;
+                world::with(|w| w.count(if refused { "collisions.refused" } else { "collisions.served" }, 1));
+                if !refused {
+                    crate::oracle::violate(
+                        "request-resolves",
+                        host,
+                        format!("the colliding request for {transfer_id} ended {fate:?}, not unavailable"),
+                    );
+                }
+            }
             SchedulerEvent::ItemDone { transfer_id, fate, .. } => {
                 let fate = match fate {
                     CoreFate::Loaded => ItemFate::Loaded,
@@ -222,6 +267,7 @@ impl Host {
                 world::with(|w| w.resolve_item(&transfer_id, fate, now));
             }
             SchedulerEvent::RequestDone { request, .. } => {
+                self.colliders.remove(&request);
                 if let Some(r) = self.requests.remove(&request) {
                     crate::trace::record(host, "ec.request_done", &[("request", &r)]);
                 }
@@ -249,6 +295,31 @@ impl Host {
             }
             SchedulerEvent::Undiscovered { .. } => world::with(|w| w.count("cancel.undiscovered", 1)),
         }
+    }
+}
+
+/// Which workload requests another client collides with (`Knobs::colliding_ids_per_mille`),
+/// drawn from the seed on a stream of their own.
+struct Collisions {
+    per_mille: u32,
+    rng: rand_chacha::ChaCha8Rng,
+}
+
+impl Collisions {
+    /// RNG stream of the draw (apart from every other stream of the run).
+    const STREAM: u64 = 0x5324;
+
+    fn new(incarnation: u32) -> Self {
+        use rand::SeedableRng;
+        let (seed, per_mille) = world::with(|w| (w.seed, w.knobs.colliding_ids_per_mille.unwrap_or(0)));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ u64::from(incarnation));
+        rng.set_stream(Self::STREAM);
+        Collisions { per_mille, rng }
+    }
+
+    fn draw(&mut self) -> bool {
+        use rand::Rng;
+        self.per_mille > 0 && self.rng.gen_range(0..1000) < self.per_mille
     }
 }
 

@@ -219,7 +219,7 @@ fn requests_resolve_item_by_item_and_a_collision_fails_only_the_newcomer() {
 #[test]
 fn s5_runs_discovery_inline_and_s6_counts_the_base_shard_only() {
     let config = SchedulerConfig {
-        inbox: InboxRegressions { s5_inline_discovery: true, s6_base_shard_only: true },
+        inbox: InboxRegressions { s5_inline_discovery: true, s6_base_shard_only: true, ..InboxRegressions::default() },
         ..SchedulerConfig::default()
     };
     let mut s = Scheduler::new(config);
@@ -253,4 +253,72 @@ fn a_failed_discovery_or_subscribe_is_retried_on_a_later_drain() {
     s.handle_drain(T0);
     let asked = serve(&mut s, |_, _| Ok(json!(20001)));
     assert_eq!(asked, [(BASE.to_string(), r#"{"op": "event_port"}"#.to_string())], "peers stays cached");
+}
+
+#[test]
+fn s7_a_partial_event_port_pass_subscribes_nothing_and_is_retried_whole() {
+    let mut s = Scheduler::default();
+    let c = s.add_consumer(BASE);
+    s.handle_drain(T0);
+    serve(&mut s, |addr, frame| match (addr, frame) {
+        (_, r#"{"op": "peers"}"#) => Ok(json!({"ports": [19019, 19020]})),
+        ("tcp://h:19019", _) => Ok(json!(20001)),
+        _ => Err("Resource temporarily unavailable".into()),
+    });
+    assert!(events(&mut s).is_empty(), "no PULL for a partial topology");
+    assert_eq!(s.shard_count(c), 1);
+    s.handle_drain(T0);
+    let asked = serve(&mut s, |addr, _| Ok(json!(if addr == BASE { 20001 } else { 20002 })));
+    let addrs: Vec<&str> = asked.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(addrs, [BASE, "tcp://h:19020"], "the whole event_port pass again, peers cached");
+    assert_eq!(
+        events(&mut s),
+        [SchedulerEvent::Subscribe { consumer: c, endpoints: vec!["tcp://h:20001".into(), "tcp://h:20002".into()] }]
+    );
+    assert_eq!(s.shard_count(c), 2);
+}
+
+#[test]
+fn s7_switch_subscribes_to_the_shards_that_answered() {
+    let config = SchedulerConfig {
+        inbox: InboxRegressions { s7_partial_subscribe: true, ..InboxRegressions::default() },
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(config);
+    let c = s.add_consumer(BASE);
+    s.handle_drain(T0);
+    serve(&mut s, |addr, frame| match (addr, frame) {
+        (_, r#"{"op": "peers"}"#) => Ok(json!({"ports": [19019, 19020]})),
+        ("tcp://h:19019", _) => Ok(json!(20001)),
+        _ => Err("Resource temporarily unavailable".into()),
+    });
+    assert_eq!(events(&mut s), [SchedulerEvent::Subscribe { consumer: c, endpoints: vec!["tcp://h:20001".into()] }]);
+    assert_eq!(s.shard_count(c), 1);
+    s.request(c, [("t".to_string(), "h".to_string())], T0);
+    assert_eq!(s.handle_event_frame(c, &ev("t", 19019), T0), Ok(Some(EventFate::Accepted)), "one rank of two");
+}
+
+#[test]
+fn s24_switch_halts_the_scheduler_on_a_colliding_transfer_id() {
+    let fixed = {
+        let mut s = Scheduler::default();
+        let c = s.add_consumer(BASE);
+        s.request(c, [("shared".to_string(), "h".to_string())], T0);
+        s.request(c, [("shared".to_string(), "other".to_string())], T0);
+        s.halted().cloned()
+    };
+    assert_eq!(fixed, None, "ctlplane fails the newcomer's item and keeps serving");
+    let config = SchedulerConfig {
+        regressions: SchedulerRegressions { s24_collision_raises: true },
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(config);
+    let c = s.add_consumer(BASE);
+    s.request(c, [("shared".to_string(), "h".to_string())], T0);
+    assert_eq!(s.halted(), None);
+    s.request(c, [("shared".to_string(), "other".to_string())], T0);
+    assert_eq!(
+        s.halted(),
+        Some(&SchedulerHalt::TransferIdCollision { transfer_id: "shared".into(), existing: "h".into() })
+    );
 }
