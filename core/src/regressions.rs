@@ -226,6 +226,12 @@ pub const RACES: &[Race] = &[
         switches: Some(|| with(|r| r.t0.trust_identity = true)),
         oracles: &["p2p-dial-non-peer"],
     },
+    Race {
+        scenario: "ec-s20",
+        title: "an orphaned push keeps its reservations",
+        switches: Some(|| with(|r| r.push.s20_orphan_keeps_grants = true)),
+        oracles: &["reservation-released"],
+    },
 ];
 
 /// The race a scenario name replays.

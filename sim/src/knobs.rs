@@ -42,6 +42,11 @@ pub struct Knobs {
     /// writes run on threads of their own and go on. `None` (production's idle encoders):
     /// no stall.
     pub producer_stalls: Option<ProducerStalls>,
+    /// A producer request ends this long after it arrived, whether or not its encoder
+    /// output was bound (an aborted or timed-out request): a batch still waiting for its
+    /// source is orphaned (`PushCoordinator::orphan`, EC S20). `None`: requests end only
+    /// once their push is done.
+    pub producer_request_timeout: Option<Duration>,
 }
 
 /// When producers stall (`Knobs::producer_stalls`), drawn per producer from the seed.

@@ -19,6 +19,8 @@ use crate::knobs::Knobs;
 use crate::topology::Topology;
 use crate::world_swarm::Exposure;
 
+mod orphans;
+
 /// RNG stream of the bias faults (apart from every stream `FaultPlan::draw` uses).
 const BIAS_STREAM: u64 = 0xb1a5;
 /// Bias faults added per seed (fewer when they would overlap the plan's own).
@@ -149,6 +151,8 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         // Several REQ sockets per shard address, as the reference's thread pool keeps, so
         // an abandon can travel beside a completion still in flight to the same shard.
         "ec-s17" => k = knobs_s17(),
+        // Producer requests that end before their encoder output is bound.
+        "ec-s20" => k = orphans::knobs_s20(),
         _ => {}
     }
     k

@@ -272,6 +272,7 @@ impl WorldSwarm {
             producer_stalls: self
                 .producer_stalls
                 .map(|s| ProducerStalls { mean_gap: d(s.mean_gap_ms), length: (d(s.length_ms.0), d(s.length_ms.1)) }),
+            producer_request_timeout: None,
         }
     }
 }
