@@ -241,6 +241,12 @@ pub const RACES: &[Race] = &[
         switches: Some(|| with(|r| r.scheduler.s24_collision_raises = true)),
         oracles: &["request-resolves"],
     },
+    Race {
+        scenario: "ec-s20",
+        title: "an orphaned push keeps its reservations",
+        switches: Some(|| with(|r| r.push.s20_orphan_keeps_grants = true)),
+        oracles: &["reservation-released"],
+    },
 ];
 
 /// The race a scenario name replays.

@@ -5,7 +5,8 @@
 use ctlplane_core::ec::defaults::RESERVATION_TTL;
 use ctlplane_core::ec::inbox::{DiscoveryStep, EndpointDiscovery, Inbox, InboxRegressions, ReadyEvent, Subscribe};
 use ctlplane_core::ec::producer::{
-    BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, PushRegressions, Transmit,
+    BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, PushRegressions, SkipReason,
+    Transmit,
 };
 use ctlplane_core::ec::readiness::{EventFate, Readiness};
 use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, RequestSlot, SlotRegressions};
@@ -754,6 +755,7 @@ fn push_switches_still_finish_every_batch_under_random_faults() {
         s12_no_refresh: true,
         s16_failed_item_keeps_grants: true,
         s17_abandon_before_settle: true,
+        s20_orphan_keeps_grants: true,
     };
     let variants = [
         PushRegressions::default(),
@@ -795,5 +797,34 @@ fn push_switches_still_finish_every_batch_under_random_faults() {
                 s.book().check_invariants().unwrap();
             }
         }
+    }
+}
+
+#[test]
+fn ec_s20_an_orphaned_batch_keeps_its_grants_only_with_the_switch() {
+    for switched in [false, true] {
+        let regressions = PushRegressions { s20_orphan_keeps_grants: switched, ..Default::default() };
+        let mut w = World::new(&[POOL, POOL], regressions);
+        let id = push(&mut w, &["t1"], false);
+        w.run();
+        assert_eq!(w.state(0, "t1"), Some(State::Writing));
+        // The producer request finished before the encoder output was bound.
+        w.coord.orphan(id, w.now).unwrap();
+        w.run();
+        while let Some(e) = w.coord.poll_event() {
+            w.done.push(e);
+        }
+        assert_eq!(w.outcomes(), vec![ItemOutcome::Skipped { reason: SkipReason::Unbound }]);
+        for rank in 0..2 {
+            if switched {
+                assert!(w.cancels_to(rank).is_empty(), "rank {rank}: no abandon");
+                assert_eq!(w.state(rank, "t1"), Some(State::Writing), "rank {rank}: the grant stays");
+                assert!(w.used(rank) > 0);
+            } else {
+                assert_eq!(w.cancels_to(rank).len(), 1, "rank {rank}: one abandon");
+                assert_eq!(w.used(rank), 0, "rank {rank}: the destination is freed");
+            }
+        }
+        assert!(w.coord.is_idle());
     }
 }

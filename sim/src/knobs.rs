@@ -48,6 +48,11 @@ pub struct Knobs {
     /// scheduler sees it (no encoder call is made for it); `None` (production's proxy
     /// mints every id): none.
     pub colliding_ids_per_mille: Option<u32>,
+    /// A producer request ends this long after it arrived, whether or not its encoder
+    /// output was bound (an aborted or timed-out request): a batch still waiting for its
+    /// source is orphaned (`PushCoordinator::orphan`, EC S20). `None`: requests end only
+    /// once their push is done.
+    pub producer_request_timeout: Option<Duration>,
 }
 
 /// When producers stall (`Knobs::producer_stalls`), drawn per producer from the seed.

@@ -20,6 +20,7 @@ use crate::topology::Topology;
 use crate::world_swarm::Exposure;
 
 mod ec_scheduler;
+mod orphans;
 
 /// RNG stream of the bias faults (apart from every stream `FaultPlan::draw` uses).
 const BIAS_STREAM: u64 = 0xb1a5;
@@ -156,6 +157,8 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         // an abandon can travel beside a completion still in flight to the same shard.
         "ec-s17" => k = knobs_s17(),
         "ec-s24" => k = ec_scheduler::knobs_s24(),
+        // Producer requests that end before their encoder output is bound.
+        "ec-s20" => k = orphans::knobs_s20(),
         _ => {}
     }
     k

@@ -274,6 +274,7 @@ impl WorldSwarm {
                 .map(|s| ProducerStalls { mean_gap: d(s.mean_gap_ms), length: (d(s.length_ms.0), d(s.length_ms.1)) }),
             // The main job's proxy mints every transfer id (no S24 collision drawn).
             colliding_ids_per_mille: None,
+            producer_request_timeout: None,
         }
     }
 }

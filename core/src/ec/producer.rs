@@ -95,6 +95,10 @@ pub struct PushRegressions {
     /// its reservations go out while other shards' completions are still in flight, and
     /// those completions' replies are ignored.
     pub s17_abandon_before_settle: bool,
+    /// EC S20: a batch orphaned before its source arrived (its producer request finished,
+    /// or the worker shut down) skips its items without abandoning what they were granted,
+    /// so those reservations stay WRITING until the consumer's TTL defers them for good.
+    pub s20_orphan_keeps_grants: bool,
 }
 
 impl Default for PushConfig {
@@ -733,9 +737,12 @@ impl Batch {
 
     /// The producer request finished before the source arrived: abandon everything held
     /// (S20). A cleanup that fails for good turns the skip into a failure.
-    fn orphan_abandon(&mut self) {
+    fn orphan_abandon(&mut self, regressions: &PushRegressions) {
         for i in self.live_items() {
             self.resolve(i, ItemOutcome::Skipped { reason: SkipReason::Unbound });
+            if regressions.s20_orphan_keeps_grants {
+                continue;
+            }
             let held = self.held_grants(i);
             for (shard, rid) in held {
                 self.cancel(i, shard, rid, Purpose::Cleanup, 1);
@@ -748,7 +755,7 @@ impl Batch {
         if self.live_items().is_empty() {
             self.phase = Phase::Finished;
         } else if self.orphaned {
-            self.orphan_abandon();
+            self.orphan_abandon(&config.regressions);
         } else if self.source.is_none() {
             self.phase = Phase::AwaitingSource;
         } else {
@@ -780,7 +787,7 @@ impl Batch {
                     return false;
                 }
                 if self.orphaned {
-                    self.orphan_abandon();
+                    self.orphan_abandon(&config.regressions);
                 } else {
                     self.begin_reserve((0..self.items.len()).collect(), now);
                 }
@@ -791,7 +798,7 @@ impl Batch {
             }
             Phase::AwaitingSource => {
                 if self.orphaned {
-                    self.orphan_abandon();
+                    self.orphan_abandon(&config.regressions);
                 } else if self.source.is_some() {
                     self.refresh_or_write(config, now);
                 }

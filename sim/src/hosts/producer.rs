@@ -54,8 +54,9 @@ pub async fn run(host: String) -> turmoil::Result {
     };
     crate::trace::record(&host, "ec.producer.start", &[("incarnation", &incarnation)]);
     let ctx = Context::new(&host);
-    let (regressions, sockets) =
-        world::with(|w| (w.regressions.push, w.knobs.producer_sockets_per_shard.unwrap_or(1).max(1)));
+    let (regressions, sockets, request_timeout) = world::with(|w| {
+        (w.regressions.push, w.knobs.producer_sockets_per_shard.unwrap_or(1).max(1), w.knobs.producer_request_timeout)
+    });
     let clients: Vec<Rc<ControlClient>> =
         (0..sockets).map(|_| Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT))).collect();
     let mut coordinator =
@@ -90,6 +91,8 @@ pub async fn run(host: String) -> turmoil::Result {
     .unwrap_or_default();
     // Source binds due, by time.
     let mut binds: BTreeMap<Instant, Vec<_>> = BTreeMap::new();
+    // Producer requests that finish at a deadline, bound or not (`Knobs::producer_request_timeout`).
+    let mut deadlines: BTreeMap<Instant, Vec<BatchId>> = BTreeMap::new();
     let mut batches = BTreeMap::new();
     // For the announcement oracle: each batch's consumer and its ranks' incarnations when
     // it began, the item each write is for, and the writes that landed per item.
@@ -122,12 +125,23 @@ pub async fn run(host: String) -> turmoil::Result {
             batches.insert(id, req.id);
             began.insert(id, (req.consumer, world::with(|w| w.rank_incarnations(req.consumer))));
             binds.entry(bind_at).or_default().push(id);
+            if let Some(limit) = request_timeout {
+                deadlines.entry(now + limit).or_default().push(id);
+            }
             crate::trace::record(&host, what, &[("request", &req.id), ("batch", &id), ("items", &req.items.len())]);
         }
         while let Some(entry) = binds.first_entry().filter(|e| *e.key() <= now) {
             for id in entry.remove() {
                 if let Err(e) = coordinator.bind_source(id, now) {
                     tracing::debug!(%host, error = %e, "source bound to a finished batch");
+                }
+            }
+        }
+        while let Some(entry) = deadlines.first_entry().filter(|e| *e.key() <= now) {
+            for id in entry.remove() {
+                // A batch whose source is bound, or that is already done, is not orphaned.
+                if coordinator.orphan(id, now).is_ok() {
+                    crate::trace::record(&host, "ec.push_orphaned", &[("batch", &id)]);
                 }
             }
         }
@@ -222,11 +236,15 @@ pub async fn run(host: String) -> turmoil::Result {
                 &[("request", &request), ("pushed", &pushed), ("skipped", &skipped), ("failed", &failed)],
             );
         }
-        let wake =
-            [workload.get(next).map(|r| r.at), binds.keys().next().copied(), retries.get(next_retry).map(|r| r.0)]
-                .into_iter()
-                .flatten()
-                .min();
+        let wake = [
+            workload.get(next).map(|r| r.at),
+            binds.keys().next().copied(),
+            deadlines.keys().next().copied(),
+            retries.get(next_retry).map(|r| r.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let answer = match wake {
             Some(at) => tokio::select! {
                 biased;
