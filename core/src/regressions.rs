@@ -226,6 +226,12 @@ pub const RACES: &[Race] = &[
         switches: Some(|| with(|r| r.t0.trust_identity = true)),
         oracles: &["p2p-dial-non-peer"],
     },
+    Race {
+        scenario: "ec-dup-push",
+        title: "two pushes of one transfer id: one's abandon frees the other's destination",
+        switches: Some(|| with(|r| r.book.dup_push_shares_grant = true)),
+        oracles: &["write-owned", "accept-before-ready"],
+    },
 ];
 
 /// The race a scenario name replays.
