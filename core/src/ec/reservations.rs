@@ -752,6 +752,7 @@ impl<R: RngCore> ReservationBook<R> {
         let follower = rec.is_follower();
         if fixed
             && abandon
+            && !follower
             && reservation_id.is_empty()
             && state == State::Writing
             && rec.dups.as_deref().is_some_and(|d| !d.is_empty())
@@ -759,7 +760,8 @@ impl<R: RngCore> ReservationBook<R> {
             // An empty-id abandon of a record granted to several pushes may come from a
             // push that holds no writing grant (its reserve failed here): only the
             // writer's completion or its own abandon may free the destination, so this
-            // abandon defers the record as a plain cancel does (dup-push).
+            // abandon defers the record as a plain cancel does (dup-push). A follower
+            // owns no memory: rule 5 below cancels it.
             self.defer(&tid, State::CancelPending, now);
             return true;
         }
