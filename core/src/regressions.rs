@@ -139,7 +139,14 @@ pub const RACES: &[Race] = &[
     Race {
         scenario: "ec-s12b",
         title: "late completion completes the refreshed reservation",
-        switches: Some(|| with(|r| r.book.s12_complete_ignores_reservation_id = true)),
+        // Its world reaches a replaced record through a retried push's refresh of the
+        // grant it holds as a duplicate, which only the reference's sharing allows.
+        switches: Some(|| {
+            with(|r| {
+                r.book.s12_complete_ignores_reservation_id = true;
+                r.book.dup_push_shares_grant = true;
+            })
+        }),
         oracles: &["accept-before-ready"],
     },
     Race {

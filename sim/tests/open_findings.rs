@@ -17,7 +17,8 @@ fn a_failed_push_abandons_only_its_own_grants_not_the_retried_push_s_destination
     let text = include_str!("plans/shared-transfer-id-abandon.json");
     let plan = FaultPlan::from_json(text).expect("the saved plan parses");
     assert!(plan.world.as_ref().is_some_and(|w| w.retry.is_some()), "the plan carries its world");
-    let fixed = run(&RunConfig { seed: plan.seed, scenario: "full".into(), plan: Some(plan.clone()), keep_trace: false });
+    let fixed =
+        run(&RunConfig { seed: plan.seed, scenario: "full".into(), plan: Some(plan.clone()), keep_trace: false });
     assert!(fixed.violations.is_empty(), "fixed: {:?}", fixed.violations);
     let old = run(&RunConfig {
         seed: plan.seed,
