@@ -142,7 +142,14 @@ pub const RACES: &[Race] = &[
     Race {
         scenario: "ec-s12b",
         title: "late completion completes the refreshed reservation",
-        switches: Some(|| with(|r| r.book.s12_complete_ignores_reservation_id = true)),
+        // Its world reaches a replaced record through a retried push's refresh of the
+        // grant it holds as a duplicate, which only the reference's sharing allows.
+        switches: Some(|| {
+            with(|r| {
+                r.book.s12_complete_ignores_reservation_id = true;
+                r.book.dup_push_shares_grant = true;
+            })
+        }),
         oracles: &["accept-before-ready"],
     },
     Race {
@@ -246,6 +253,12 @@ pub const RACES: &[Race] = &[
         title: "an orphaned push keeps its reservations",
         switches: Some(|| with(|r| r.push.s20_orphan_keeps_grants = true)),
         oracles: &["reservation-released"],
+    },
+    Race {
+        scenario: "ec-dup-push",
+        title: "two pushes of one transfer id: one's abandon frees the other's destination",
+        switches: Some(|| with(|r| r.book.dup_push_shares_grant = true)),
+        oracles: &["write-owned", "accept-before-ready"],
     },
 ];
 

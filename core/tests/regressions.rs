@@ -319,6 +319,52 @@ fn ec_s14_follower_refresh_abandons_the_shared_writer() {
     );
 }
 
+/// Two pushes of one transfer id (ec-behaviour.md S24) on one rank: the second reserve is a
+/// duplicate (`write: false`). Its push fails elsewhere and abandons what it holds here.
+/// Fixed: the duplicate's grant is its own id, and its abandon releases that grant only; an
+/// empty-id abandon (its reserve failed here) defers a shared record instead of freeing
+/// it. Spec'd (the switch): one shared id, so either abandon frees the writer's region.
+#[test]
+fn ec_dup_push_a_duplicate_push_abandons_only_its_own_grant() {
+    let mut outcomes = Vec::new();
+    for regressions in
+        [BookRegressions::default(), BookRegressions { dup_push_shares_grant: true, ..Default::default() }]
+    {
+        for empty_id in [false, true] {
+            let mut b = book(regressions);
+            let (w_rid, w_off, write) = granted(b.reserve(&req("t1", "h1"), T0));
+            assert!(write);
+            let (d_rid, d_off, d_write) = granted(b.reserve(&req("t1", "h1"), T0));
+            assert_eq!((d_off, d_write), (w_off, false), "the duplicate shares the destination");
+            let rid = if empty_id { String::new() } else { d_rid.clone() };
+            assert!(b.cancel("t1", &rid, true, false, T0), "the duplicate push's cleanup");
+            b.check_invariants().unwrap();
+            let (_, other, _) = granted(b.reserve(&req("t2", "h2"), T0));
+            let state = b.state_of("t1");
+            let completed = b.complete("t1", &w_rid, T0 + Duration::from_secs(1));
+            b.check_invariants().unwrap();
+            outcomes.push((d_rid == w_rid, state, other == w_off, completed, b.state_of("t1")));
+        }
+    }
+    assert_eq!(
+        outcomes[0],
+        (false, Some(State::Writing), false, (true, true), Some(State::Ready)),
+        "fixed: the writer's push is untouched"
+    );
+    assert_eq!(
+        outcomes[1],
+        (false, Some(State::CancelPending), false, (true, false), Some(State::Cancelled)),
+        "fixed: an empty-id abandon of a shared record waits for the writer's completion"
+    );
+    for historical in &outcomes[2..] {
+        assert_eq!(
+            *historical,
+            (true, Some(State::Cancelled), true, (false, false), Some(State::Cancelled)),
+            "spec'd: the writer's region is freed and handed on while its push writes"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // EC S8, S10, S12, S16, S17: the producer's push coordinator against real shards
 
@@ -694,11 +740,13 @@ fn book_switches_keep_the_structural_invariants() {
         s12_complete_ignores_reservation_id: true,
         s13_no_cancel_tombstone: true,
         s14_follower_refresh_abandons_writer: true,
+        dup_push_shares_grant: true,
     };
     let variants = [
         all,
         BookRegressions { s11_grace_period_free: Some(Duration::from_secs(2)), ..Default::default() },
         BookRegressions { s14_follower_refresh_abandons_writer: true, ..Default::default() },
+        BookRegressions::default(),
     ];
     for (seed, regressions) in variants.into_iter().enumerate() {
         let mut rng = ChaCha8Rng::seed_from_u64(seed as u64 + 100);

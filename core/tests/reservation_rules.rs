@@ -105,12 +105,13 @@ fn reserve_rule4_expire_pending_writer_refuses_a_re_reserve() {
 }
 
 #[test]
-fn reserve_rule5_duplicate_returns_the_same_reservation_and_refreshes_the_lease() {
+fn reserve_rule5_duplicate_shares_the_destination_under_its_own_id_and_refreshes_the_lease() {
     let mut b = book(4096);
     let first = writer(&mut b, "t", "h");
     let later = T0 + Duration::from_secs(200);
     let dup = grant(b.reserve(&req("t", "h", 32), later));
-    assert_eq!((dup.rid.as_str(), dup.write, dup.ready, dup.cached), (first.rid.as_str(), false, false, false));
+    assert_eq!((dup.write, dup.ready, dup.cached), (false, false, false));
+    assert_ne!(dup.rid, first.rid, "a duplicate's grant is its own (dup-push)");
     assert_eq!(dup.view, first.view);
     // The lease now runs from `later`: still WRITING 300 s after T0.
     b.expire(T0 + TTL);
@@ -137,7 +138,10 @@ fn reserve_rule5_duplicate_of_a_ready_record_reports_ready() {
     let g = writer(&mut b, "t", "h");
     assert_eq!(b.complete("t", &g.rid, T0), (true, true));
     let dup = grant(b.reserve(&req("t", "h", 32), T0));
-    assert_eq!((dup.rid, dup.write, dup.ready, dup.cached), (g.rid, false, true, false));
+    assert_ne!(dup.rid, g.rid);
+    assert_eq!((dup.write, dup.ready, dup.cached), (false, true, false));
+    assert!(b.cancel("t", &dup.rid, true, false, T0), "the duplicate's abandon releases its own grant");
+    assert_eq!(b.state_of("t"), Some(State::Ready), "and not the record the first grant made READY");
 }
 
 #[test]

@@ -19,6 +19,7 @@ use crate::knobs::Knobs;
 use crate::topology::Topology;
 use crate::world_swarm::Exposure;
 
+mod dup_push;
 mod ec_scheduler;
 mod orphans;
 
@@ -115,7 +116,7 @@ pub fn bias_of(scenario: &str) -> Bias {
     match scenario {
         "ec-s1" => Bias::Malformed,
         "ec-s9" => Bias::SlowHandler,
-        "ec-s10" | "ec-s16" => Bias::LostReplies,
+        "ec-s10" | "ec-s16" | "ec-dup-push" => Bias::LostReplies,
         "ec-s17" => Bias::CompletionFailure,
         "p2p-s5" => Bias::ReconnectRace,
         "p2p-s3" => Bias::PeerCrash,
@@ -146,6 +147,7 @@ pub fn knobs_of(scenario: &str) -> Knobs {
         "ec-s12" => k = knobs_s12(),
         "ec-s14" => k = knobs_s14(),
         "ec-s12b" => k = knobs_s12b(),
+        "ec-dup-push" => k = dup_push::knobs(),
         // A backlog bound a control timeout of undrained events exceeds.
         "ec-s4" => k.max_pending_events = Some(EC_S4_MAX_PENDING_EVENTS),
         // A request names the peer right after its session was reaped, before the next
@@ -304,7 +306,7 @@ pub fn resolve(name: &str) -> Option<Resolved> {
 /// two P2P peers.
 fn topology_of(scenario: &str) -> &'static str {
     match scenario {
-        "ec-s12b" => "small-2p",
+        "ec-s12b" | "ec-dup-push" => "small-2p",
         // A stall shows on the sessions with the other peers: more than two peers.
         "p2p-hwm" => "full",
         _ => RACE_TOPOLOGY,

@@ -75,7 +75,7 @@ impl Exposure {
             "ec-s4" => Exposure { small_backlog: true, ..Exposure::default() },
             "p2p-s5" | "p2p-s7" => Exposure { no_handshake_deadline: true, ..Exposure::default() },
             "p2p-s10" => Exposure { unbounded_peers: true, no_handshake_deadline: true, ..Exposure::default() },
-            "ec-s12b" => Exposure { shared_transfer_ids: true, ..Exposure::default() },
+            "ec-s12b" | "ec-dup-push" => Exposure { shared_transfer_ids: true, ..Exposure::default() },
             _ => Exposure::default(),
         }
     }

@@ -8,9 +8,34 @@ use ctlplane_sim::catalogue::{self, check_race};
 /// Races found within this many seeds on this build.
 const CAP: u64 = 5;
 const CI_RACES: &[&str] = &[
-    "ec-s1", "ec-s4", "ec-s5", "ec-s6", "ec-s8", "ec-s10", "ec-s11", "ec-s12", "ec-s12b", "ec-s13", "ec-s14", "ec-s16",
-    "p2p-s1", "p2p-s2", "p2p-s3", "p2p-s4", "p2p-s5", "p2p-s6", "p2p-s7", "p2p-s10", "p2p-s18", "ec-s9", "ec-s17",
-    "p2p-hwm", "ec-s7", "ec-s24", "ec-s20",
+    "ec-s1",
+    "ec-s4",
+    "ec-s5",
+    "ec-s6",
+    "ec-s8",
+    "ec-s10",
+    "ec-s11",
+    "ec-s12",
+    "ec-s12b",
+    "ec-s13",
+    "ec-s14",
+    "ec-s16",
+    "p2p-s1",
+    "p2p-s2",
+    "p2p-s3",
+    "p2p-s4",
+    "p2p-s5",
+    "p2p-s6",
+    "p2p-s7",
+    "p2p-s10",
+    "p2p-s18",
+    "ec-s9",
+    "ec-s17",
+    "p2p-hwm",
+    "ec-s7",
+    "ec-s24",
+    "ec-s20",
+    "ec-dup-push",
 ];
 
 #[test]

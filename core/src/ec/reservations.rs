@@ -72,6 +72,10 @@ pub struct BookRegressions {
     /// EC S14: a follower's refresh (`cancel(abandon, refresh)`) abandons the writer it
     /// shares, freeing the destination the writer's producer is still writing.
     pub s14_follower_refresh_abandons_writer: bool,
+    /// EC dup-push: a duplicate reserve of a transfer id (another push of it, S24) shares
+    /// the first grant's reservation id, and an empty-id abandon cancels a record granted
+    /// to several pushes, so one push's cleanup frees the destination the other writes.
+    pub dup_push_shares_grant: bool,
 }
 
 impl Default for BookConfig {
@@ -263,6 +267,10 @@ struct Record {
     /// Terminal records: place in the tombstone order.
     tomb_seq: u64,
     link: Option<Box<Link>>,
+    /// The reservation ids handed to duplicate reserves of this transfer id (another push
+    /// of the same id, ec-behaviour.md S24), boxed because they are the exception. They
+    /// never write, so cancelling with one releases that grant alone.
+    dups: Option<Box<Vec<ReservationId>>>,
 }
 
 impl Record {
@@ -271,6 +279,12 @@ impl Record {
             Some(id) => ReservationId::parse(wire) == Some(id),
             None => wire.is_empty(),
         }
+    }
+
+    /// Whether `wire` names a grant handed to a duplicate reserve.
+    fn is_dup(&self, wire: &str) -> bool {
+        let Some(id) = ReservationId::parse(wire) else { return false };
+        self.dups.as_deref().is_some_and(|d| d.contains(&id))
     }
 
     fn writer(&self) -> Option<&TransferId> {
@@ -387,9 +401,18 @@ impl<R: RngCore> ReservationBook<R> {
                     if state == State::Writing {
                         self.set_deadline(&tid, now + self.config.ttl);
                     }
-                    let Some(reservation_id) = reservation_id else {
+                    let Some(mut reservation_id) = reservation_id else {
                         return Err(ReserveError::ConflictingReservation);
                     };
+                    if !self.config.regressions.dup_push_shares_grant {
+                        // A duplicate grant of its own: the push that gets it never
+                        // writes, and its abandon must not free the first grant's
+                        // destination while that push may still be writing (dup-push).
+                        reservation_id = ReservationId::generate(&mut self.rng);
+                        if let Some(rec) = self.records.get_mut(&tid) {
+                            rec.dups.get_or_insert_with(Box::default).push(reservation_id);
+                        }
+                    }
                     return Ok(Reserved::Granted {
                         reservation_id,
                         view: view.unwrap_or(View { region: Region { offset: 0, len: 0 }, nbytes: 0 }),
@@ -459,6 +482,7 @@ impl<R: RngCore> ReservationBook<R> {
             deadline,
             tomb_seq: 0,
             link: link.map(Box::new),
+            dups: None,
         }
     }
 
@@ -704,17 +728,43 @@ impl<R: RngCore> ReservationBook<R> {
                     deadline: NEVER,
                     tomb_seq: 0,
                     link: None,
+                    dups: None,
                 },
             );
             self.push_tombstone(&tid, now);
             self.reap_tombstones(now);
             return true;
         };
+        let fixed = !self.config.regressions.dup_push_shares_grant;
+        if fixed && !reservation_id.is_empty() && rec.is_dup(reservation_id) {
+            // A duplicate's grant: releasing it releases nothing the first grant holds.
+            if let (Some(rec), Some(id)) = (self.records.get_mut(&tid), ReservationId::parse(reservation_id)) {
+                if let Some(d) = rec.dups.as_deref_mut() {
+                    d.retain(|x| *x != id);
+                }
+            }
+            return true;
+        }
         if !reservation_id.is_empty() && !rec.rid_matches(reservation_id) {
             return false;
         }
         let state = rec.state;
         let follower = rec.is_follower();
+        if fixed
+            && abandon
+            && !follower
+            && reservation_id.is_empty()
+            && state == State::Writing
+            && rec.dups.as_deref().is_some_and(|d| !d.is_empty())
+        {
+            // An empty-id abandon of a record granted to several pushes may come from a
+            // push that holds no writing grant (its reserve failed here): only the
+            // writer's completion or its own abandon may free the destination, so this
+            // abandon defers the record as a plain cancel does (dup-push). A follower
+            // owns no memory: rule 5 below cancels it.
+            self.defer(&tid, State::CancelPending, now);
+            return true;
+        }
         if state == State::Cancelled {
             self.push_tombstone(&tid, now);
             self.reap_tombstones(now);
