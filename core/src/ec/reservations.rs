@@ -268,9 +268,9 @@ struct Record {
     tomb_seq: u64,
     link: Option<Box<Link>>,
     /// The reservation ids handed to duplicate reserves of this transfer id (another push
-    /// of the same id, ec-behaviour.md S24), boxed because they are the exception. They
-    /// never write, so cancelling with one releases that grant alone.
-    dups: Option<Box<Vec<ReservationId>>>,
+    /// of the same id, ec-behaviour.md S24); empty (no allocation) for nearly every
+    /// record. They never write, so cancelling with one releases that grant alone.
+    dups: Vec<ReservationId>,
 }
 
 impl Record {
@@ -284,7 +284,7 @@ impl Record {
     /// Whether `wire` names a grant handed to a duplicate reserve.
     fn is_dup(&self, wire: &str) -> bool {
         let Some(id) = ReservationId::parse(wire) else { return false };
-        self.dups.as_deref().is_some_and(|d| d.contains(&id))
+        self.dups.contains(&id)
     }
 
     fn writer(&self) -> Option<&TransferId> {
@@ -410,7 +410,7 @@ impl<R: RngCore> ReservationBook<R> {
                         // destination while that push may still be writing (dup-push).
                         reservation_id = ReservationId::generate(&mut self.rng);
                         if let Some(rec) = self.records.get_mut(&tid) {
-                            rec.dups.get_or_insert_with(Box::default).push(reservation_id);
+                            rec.dups.push(reservation_id);
                         }
                     }
                     return Ok(Reserved::Granted {
@@ -482,7 +482,7 @@ impl<R: RngCore> ReservationBook<R> {
             deadline,
             tomb_seq: 0,
             link: link.map(Box::new),
-            dups: None,
+            dups: Vec::new(),
         }
     }
 
@@ -728,7 +728,7 @@ impl<R: RngCore> ReservationBook<R> {
                     deadline: NEVER,
                     tomb_seq: 0,
                     link: None,
-                    dups: None,
+                    dups: Vec::new(),
                 },
             );
             self.push_tombstone(&tid, now);
@@ -739,9 +739,7 @@ impl<R: RngCore> ReservationBook<R> {
         if fixed && !reservation_id.is_empty() && rec.is_dup(reservation_id) {
             // A duplicate's grant: releasing it releases nothing the first grant holds.
             if let (Some(rec), Some(id)) = (self.records.get_mut(&tid), ReservationId::parse(reservation_id)) {
-                if let Some(d) = rec.dups.as_deref_mut() {
-                    d.retain(|x| *x != id);
-                }
+                rec.dups.retain(|x| *x != id);
             }
             return true;
         }
@@ -750,12 +748,7 @@ impl<R: RngCore> ReservationBook<R> {
         }
         let state = rec.state;
         let follower = rec.is_follower();
-        if fixed
-            && abandon
-            && !follower
-            && reservation_id.is_empty()
-            && state == State::Writing
-            && rec.dups.as_deref().is_some_and(|d| !d.is_empty())
+        if fixed && abandon && !follower && reservation_id.is_empty() && state == State::Writing && !rec.dups.is_empty()
         {
             // An empty-id abandon of a record granted to several pushes may come from a
             // push that holds no writing grant (its reserve failed here): only the
