@@ -251,6 +251,9 @@ fn run_world(
     let end = sim.elapsed();
     let end_ns = end.as_nanos() as u64;
     let mut stats = oracle::check_ec_liveness(end_ns, PUSH_WAIT_TIMEOUT);
+    let judged = crate::delivery::check(end_ns, plan);
+    stats.insert("delivery.judged".to_string(), judged);
+    trace::record_at(end_ns, "engine", "engine.delivery_judged", &[("requests", &judged)]);
     if let Some(w) = world::take() {
         for (k, v) in &w.stats {
             *stats.entry(k.clone()).or_default() += v;
