@@ -53,6 +53,27 @@ pub struct Knobs {
     /// source is orphaned (`PushCoordinator::orphan`, EC S20). `None`: requests end only
     /// once their push is done.
     pub producer_request_timeout: Option<Duration>,
+    /// One consumer replica's workers close cleanly (ec-behaviour.md §3.7, race S21) and
+    /// start again; `None` (production's steady state): no worker closes.
+    pub consumer_shutdown: Option<ConsumerShutdown>,
+}
+
+/// A clean close of every rank of one consumer (`Knobs::consumer_shutdown`): from `at`,
+/// each rank begins its shutdown the first time it grants a writer a fresh destination
+/// (so a write is on its way), or at `at + ConsumerShutdown::PATIENCE` if none comes;
+/// it serves on until its writers are gone or the control timeout passes, closes, and
+/// starts again (a new incarnation) `down` later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumerShutdown {
+    /// Index into `Topology::consumers` (taken modulo their number).
+    pub consumer: usize,
+    pub at: Duration,
+    pub down: Duration,
+}
+
+impl ConsumerShutdown {
+    /// How long a rank waits past `at` for a writer before it closes anyway.
+    pub const PATIENCE: Duration = Duration::from_secs(5);
 }
 
 /// When producers stall (`Knobs::producer_stalls`), drawn per producer from the seed.

@@ -13,7 +13,7 @@
 //! landed write of the event's mm_hash covering its bytes: the writer's own write, the
 //! writer's write a follower shares, or the resident tensor a cache hit leases.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ctlplane_core::ec::slab::aligned_size;
 use serde_json::Value;
@@ -27,6 +27,9 @@ pub struct LandedLedger {
     landed: BTreeMap<String, BTreeMap<u64, (u64, String)>>,
     /// Destinations granted: (session, transfer id, reservation id) -> dst_ptr.
     granted: BTreeMap<(String, String, String), u64>,
+    /// Fresh writer grants whose write has not returned yet: (session, transfer id).
+    /// What a closing rank must not release its pool under (race S21).
+    writing: BTreeSet<(String, String)>,
 }
 
 impl LandedLedger {
@@ -109,8 +112,21 @@ impl LandedLedger {
             // Fresh memory for this writer: nothing of an earlier owner counts.
             let len = aligned_size(nbytes).unwrap_or(nbytes);
             self.forget(session, dst, dst.saturating_add(len));
+            self.writing.insert((session.to_string(), tid.to_string()));
         }
         self.granted.insert((session.to_string(), tid.to_string(), rid.to_string()), dst);
+    }
+
+    /// A write of `transfer_id` into `session` returned (landed or failed).
+    pub fn note_write_ended(&mut self, session: &str, transfer_id: &str) {
+        self.writing.remove(&(session.to_string(), transfer_id.to_string()));
+    }
+
+    /// Transfers `session`'s rank granted fresh memory to write whose write has not
+    /// returned (some may never be written: their producer gave up).
+    pub fn unwritten_grants(&self, session: &str) -> Vec<String> {
+        let from = (session.to_string(), String::new());
+        self.writing.range(from..).take_while(|(s, _)| s == session).map(|(_, t)| t.clone()).collect()
     }
 
     /// Forgets what landed over `[start, end)`.

@@ -8,6 +8,7 @@
 pub mod catalogue;
 pub mod cli;
 pub mod clock;
+pub mod delivery;
 pub mod device;
 pub mod engine;
 pub mod faults;
@@ -20,6 +21,7 @@ pub mod perfetto;
 pub mod release;
 pub mod scenario;
 pub mod shrink;
+pub mod shutdown;
 pub mod sweep_record;
 pub mod topology;
 pub mod trace;

@@ -122,6 +122,14 @@ pub fn note_handled(host: &str, incarnation: u32, frame: &[u8], shard: &Shard) {
     }
 }
 
+impl ReleaseLedger {
+    /// `tid`'s producer will write no more to rank `host`: it abandoned the reservation
+    /// there, or finished the push.
+    pub fn producer_gave_up(&self, host: &str, tid: &str) -> bool {
+        self.pushes_done.contains(tid) || self.abandons_sent.contains(&(host.to_string(), tid.to_string()))
+    }
+}
+
 /// A reservation of `tid` on rank `host` is deferred for good at the end of the run: is it
 /// one its producer finished pushing without ever abandoning it there?
 pub fn never_abandoned(host: &str, tid: &str) -> bool {

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceConfig;
 use crate::hosts::workload::{RetryConfig, WorkloadConfig};
-use crate::knobs::{Knobs, ProducerStalls};
+use crate::knobs::{ConsumerShutdown, Knobs, ProducerStalls};
 
 /// RNG stream of each setting (apart from every stream the fault plan and the hosts use).
 mod stream {
@@ -42,6 +42,8 @@ mod stream {
     pub const RECONNECT: u64 = BASE + 11;
     pub const DEADLINE: u64 = BASE + 12;
     pub const MAX_PEERS: u64 = BASE + 13;
+    pub const SHUTDOWN: u64 = BASE + 14;
+    pub const LATE_WAVE: u64 = BASE + 15;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -51,6 +53,9 @@ const TTL_MS: u64 = 300_000;
 /// oracle's 5 s) before the run ends (`engine::END`), and its TTL of cancelled leftovers
 /// with it.
 const MAX_PUSH_WAIT_MS: u64 = 450_000;
+/// A late wave's last request resolves (push wait plus the oracle's 5 s) this long before
+/// the run ends, at the latest.
+const LATE_WAVE_MARGIN_MS: u64 = 10_000;
 
 /// Which settings of a race ctlplane still has a draw may turn on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,6 +133,23 @@ pub struct WorldSwarm {
     pub no_handshake_deadline: bool,
     /// `RegistryConfig::max_peers` of every P2P peer (default unbounded).
     pub max_peers: Option<usize>,
+    /// A consumer's workers close cleanly during the workload, writers possibly in
+    /// flight, and start again (default: none closes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown: Option<ShutdownDraw>,
+    /// A second wave of requests (start, span; ms) after the heal and the settling time
+    /// (`crate::delivery::SETTLE`), so the progress oracle `delivery-after-heal` judges a
+    /// world whose faults are gone (default: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_wave_ms: Option<(u64, u64)>,
+}
+
+/// A clean consumer close (`Knobs::consumer_shutdown`), ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownDraw {
+    pub consumer: usize,
+    pub at_ms: u64,
+    pub down_ms: u64,
 }
 
 fn rng(seed: u64, stream: u64) -> ChaCha8Rng {
@@ -216,6 +238,20 @@ impl WorldSwarm {
         let immediate_reconnect = on(stream::RECONNECT, 0.5).is_some();
         let no_handshake_deadline = exposure.no_handshake_deadline && on(stream::DEADLINE, 0.5).is_some();
         let max_peers = on(stream::MAX_PEERS, 0.3).map(|mut r| r.gen_range(16..=300));
+        // Within the workload, so writers are about; the restart comes before the heal.
+        let shutdown = on(stream::SHUTDOWN, 0.3).map(|mut r| ShutdownDraw {
+            consumer: r.gen_range(0..=1),
+            at_ms: r.gen_range(1_000..=14_000),
+            down_ms: r.gen_range(0..=3_000),
+        });
+        // Only where the wave's last request can still resolve before the run ends.
+        let wait = push_wait_ms.unwrap_or(ctlplane_core::ec::defaults::PUSH_WAIT_TIMEOUT.as_millis() as u64);
+        let late_wave_ms = on(stream::LATE_WAVE, 0.5)
+            .map(|mut r| {
+                let settled = (crate::engine::ACTIVE + crate::delivery::SETTLE).as_millis() as u64;
+                (settled + r.gen_range(0..=10_000), r.gen_range(2_000..=10_000))
+            })
+            .filter(|(start, span)| start + span + wait + LATE_WAVE_MARGIN_MS <= crate::engine::END.as_millis() as u64);
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -230,6 +266,8 @@ impl WorldSwarm {
             immediate_reconnect,
             no_handshake_deadline,
             max_peers,
+            shutdown,
+            late_wave_ms,
         }
     }
 
@@ -250,6 +288,7 @@ impl WorldSwarm {
         if let Some(g) = self.mean_gap_ms {
             workload.mean_gap = d(g.max(1));
         }
+        workload.late_wave = self.late_wave_ms.map(|(start, span)| (d(start), d(span)));
         workload.retry = self.retry.map(|r| RetryConfig {
             per_mille: r.per_mille,
             after: (d(r.after_ms.0), d(r.after_ms.1)),
@@ -275,6 +314,11 @@ impl WorldSwarm {
             // The main job's proxy mints every transfer id (no S24 collision drawn).
             colliding_ids_per_mille: None,
             producer_request_timeout: None,
+            consumer_shutdown: self.shutdown.map(|s| ConsumerShutdown {
+                consumer: s.consumer,
+                at: d(s.at_ms),
+                down: d(s.down_ms),
+            }),
         }
     }
 }

@@ -9,13 +9,15 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ctlplane_core::ec::defaults::REP_RECV_TIMEOUT;
+use ctlplane_core::ec::defaults::{CONTROL_TIMEOUT, REP_RECV_TIMEOUT};
 use ctlplane_core::ec::inbox::decode_event;
 use ctlplane_core::ec::State;
 use ctlplane_core::ec::{ConsumerShard, ServeStep, ShardConfig};
+use ctlplane_core::time::Instant;
 
 use super::world::{self, stream, Rank};
 use crate::clock;
+use crate::knobs::ConsumerShutdown;
 use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
 
 /// The REP receive timeout of the reference loop: with events stuck behind a full PUSH,
@@ -33,16 +35,32 @@ const EVENT_PORT_BASE: u16 = 40000;
 /// (a refused bind is retried every tick) before giving up.
 const BIND_PATIENCE: Duration = Duration::from_secs(5);
 
-/// Runs one rank until its serving loop fails; turmoil restarts it on `bounce`.
+/// Runs one rank until its serving loop fails; turmoil restarts it on `bounce`. A rank that
+/// closes cleanly (`Knobs::consumer_shutdown`) starts again as a new incarnation.
 pub async fn run(host: String) -> turmoil::Result {
+    while let Some(down) = run_incarnation(&host).await {
+        clock::sleep(down).await;
+    }
+    Ok(())
+}
+
+/// One incarnation of the rank: `Some(down)` when it closed cleanly and starts again
+/// `down` later.
+async fn run_incarnation(host: &str) -> Option<Duration> {
+    let host = host.to_string();
     let incarnation = world::start_incarnation(&host);
-    let Some((spec, rank, consumer, index, seed, regressions, max_pending_events)) = world::with(|w| {
+    let Some((spec, rank, consumer, index, seed, regressions, max_pending_events, shutdown)) = world::with(|w| {
         let (spec, rank) = w.topo.rank_of(&host)?;
         let consumer = w.topo.consumers.iter().position(|c| c.name == spec.name)?;
         let index = w.topo.ranks().iter().position(|(_, _, h)| *h == host)?;
-        Some((spec.clone(), rank, consumer, index, w.seed, w.regressions, w.knobs.max_pending_events))
+        // Only the first incarnation closes; its successor serves to the end.
+        let shutdown = w
+            .knobs
+            .consumer_shutdown
+            .filter(|s| incarnation == 0 && s.consumer % w.topo.consumers.len().max(1) == consumer);
+        Some((spec.clone(), rank, consumer, index, w.seed, w.regressions, w.knobs.max_pending_events, shutdown))
     }) else {
-        return Ok(());
+        return None;
     };
     let port = spec.rank_port(rank);
     let event_port = EVENT_PORT_BASE + 1000 * consumer as u16 + 100 * rank as u16 + (incarnation % 100) as u16;
@@ -65,7 +83,7 @@ pub async fn run(host: String) -> turmoil::Result {
     let push = Socket::new(&ctx, SocketType::Push, SocketOptions::default());
     if !bind_retrying(&host, &rep, port).await || !bind_retrying(&host, &push, event_port).await {
         crate::trace::record(&host, "ec.shard.bind_failed", &[("port", &port)]);
-        return Ok(());
+        return None;
     }
     shard.borrow_mut().set_event_port(event_port);
     world::with(|w| {
@@ -78,7 +96,17 @@ pub async fn run(host: String) -> turmoil::Result {
     });
     crate::trace::record(&host, "ec.shard.start", &[("incarnation", &incarnation), ("event_port", &event_port)]);
 
-    let stop = serve(&host, incarnation, consumer, rank, &shard, &rep, &push).await;
+    let mut close = shutdown.map(Close::armed);
+    let stop = serve(&host, incarnation, consumer, rank, &shard, &rep, &push, &mut close).await;
+    if let Stop::Closed { keep_slab } = stop {
+        // Clients of the closed REP see timeouts until the next incarnation binds.
+        drop((rep, push));
+        crate::shutdown::check_release(&host, &session, keep_slab);
+        world::with(|w| w.rank_closed(&host, keep_slab));
+        crate::trace::record(&host, "ec.shard.closed", &[("slab_kept", &keep_slab)]);
+        world::with(|w| w.count(if keep_slab { "shutdown.slab_kept" } else { "shutdown.released" }, 1));
+        return shutdown.map(|s| s.down);
+    }
     // Afterwards clients only see timeouts (ec-behaviour.md §2.5, races S1, S2).
     crate::trace::record(&host, "ec.shard.stopped", &[("why", &stop.why())]);
     if let Stop::Halted(why) = &stop {
@@ -98,9 +126,9 @@ pub async fn run(host: String) -> turmoil::Result {
     match stop {
         // The control thread died; the process (and the request it never answered) stays.
         Stop::Halted(_) => std::future::pending::<()>().await,
-        Stop::Failed(_) => world::with(|w| w.rank_down(&host)),
+        Stop::Failed(_) | Stop::Closed { .. } => world::with(|w| w.rank_down(&host)),
     }
-    Ok(())
+    None
 }
 
 /// Why a serving loop ended.
@@ -109,12 +137,80 @@ enum Stop {
     Halted(String),
     /// A socket failed.
     Failed(String),
+    /// A clean close ended (race S21): every writer gone, or the control timeout passed
+    /// with some left (then the slab stays registered).
+    Closed { keep_slab: bool },
 }
 
 impl Stop {
     fn why(&self) -> &str {
         match self {
             Stop::Halted(why) | Stop::Failed(why) => why,
+            Stop::Closed { .. } => "closed",
+        }
+    }
+}
+
+/// A rank's clean close (`Knobs::consumer_shutdown`; ec-behaviour.md §3.7, race S21).
+#[derive(Clone, Copy, Debug)]
+enum Close {
+    /// Shutdown begins at the first fresh writer grant from `at`, or at `at + PATIENCE`.
+    Armed { at: Instant },
+    /// Shutdown began: the REP serves on (completions must reach the book) until no
+    /// writer is left or `deadline` (the control timeout) passes.
+    Closing { deadline: Instant },
+}
+
+impl Close {
+    fn armed(s: ConsumerShutdown) -> Self {
+        Close::Armed { at: Instant::from_nanos(s.at.as_nanos() as u64) }
+    }
+
+    /// When the serving loop must look again, at the latest.
+    fn wake(&self) -> Instant {
+        match *self {
+            Close::Armed { at } => at + ConsumerShutdown::PATIENCE,
+            Close::Closing { deadline } => deadline,
+        }
+    }
+}
+
+/// Moves a rank's close on after a turn of its loop (`granted_writer`: the turn answered a
+/// reserve with fresh memory to write). `Some` when the rank closes now.
+fn advance_close(
+    host: &str,
+    shard: &Rc<RefCell<world::Shard>>,
+    close: &mut Option<Close>,
+    granted_writer: bool,
+) -> Option<Stop> {
+    let now = clock::now();
+    match (*close)? {
+        Close::Armed { at } => {
+            if now >= at && (granted_writer || now >= at + ConsumerShutdown::PATIENCE) {
+                let writers = shard.borrow().writer_owned_count();
+                shard.borrow_mut().begin_shutdown(now);
+                world::with(|w| w.dirty.insert(host.to_string()));
+                crate::trace::record(host, "ec.shard.shutdown", &[("writers", &writers)]);
+                world::with(|w| {
+                    w.count("shutdown.begun", 1);
+                    w.count("shutdown.writers", writers as u64);
+                });
+                *close = Some(Close::Closing { deadline: now + CONTROL_TIMEOUT });
+                crate::shutdown::check_shut(host, &shard.borrow());
+                return advance_close(host, shard, close, false);
+            }
+            None
+        }
+        Close::Closing { deadline } => {
+            if shard.borrow().writer_owned_count() == 0 {
+                *close = None;
+                Some(Stop::Closed { keep_slab: false })
+            } else if now >= deadline {
+                *close = None;
+                Some(Stop::Closed { keep_slab: true })
+            } else {
+                None
+            }
         }
     }
 }
@@ -142,9 +238,13 @@ async fn serve(
     shard: &Rc<RefCell<world::Shard>>,
     rep: &Socket,
     push: &Socket,
+    close: &mut Option<Close>,
 ) -> Stop {
     let mut publish_blocked = false;
     loop {
+        if let Some(stop) = advance_close(host, shard, close, false) {
+            return stop;
+        }
         let now = clock::now();
         let step = shard.borrow().next_step(now, publish_blocked);
         match step {
@@ -165,6 +265,10 @@ async fn serve(
                 // The model's PUSH has no writability signal: `until` already brings the
                 // loop back within a tick while events wait for room.
                 publish_blocked = false;
+                let until = match (until, close.as_ref().map(Close::wake)) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 match until {
                     Some(until) => {
                         tokio::select! {
@@ -210,6 +314,10 @@ async fn serve(
         if step != ServeStep::Reply {
             return halted(shard);
         }
+        let granted_writer = reply.windows(13).any(|w| w == b"\"write\": true");
+        if matches!(close, Some(Close::Closing { .. })) {
+            crate::shutdown::check_served(host, &shard.borrow(), granted_writer);
+        }
         if let Err(e) = rep.send(vec![reply]).await {
             return Stop::Failed(e.to_string());
         }
@@ -218,6 +326,9 @@ async fn serve(
                 r.owed = None;
             }
         });
+        if let Some(stop) = advance_close(host, shard, close, granted_writer) {
+            return stop;
+        }
     }
 }
 

@@ -357,13 +357,21 @@ async fn write(
     clock::sleep(plan.latency).await;
     let (landed, granted) = world::with(|w| {
         let ranks = &w.ranks;
-        let landed = w.device.land(session, dst_ptr, nbytes, &plan, |rank_host| {
-            ranks.get(rank_host).map(|r| r.shard.borrow().book().writer_owned_regions()).unwrap_or_default()
+        // A closed rank's slab that stays registered (S21) is judged by the book it closed with.
+        let shard = w.kept.get(session).cloned().or_else(|| {
+            let reg = w.device.slab(session)?;
+            ranks.get(&reg.host).filter(|r| r.session == session).map(|r| r.shard.clone())
         });
-        let rank = w.device.slab(session).and_then(|reg| ranks.get(&reg.host));
-        let granted = rank.map(|r| r.shard.borrow().book().state_of(transfer_id));
+        let landed = w.device.land(session, dst_ptr, nbytes, &plan, |_| {
+            shard.as_ref().map(|s| s.borrow().book().writer_owned_regions()).unwrap_or_default()
+        });
+        let granted = shard.as_ref().map(|s| s.borrow().book().state_of(transfer_id));
         if landed.is_ok() {
             w.landed.note_landed(session, dst_ptr, nbytes, mm_hash);
+        }
+        w.landed.note_write_ended(session, transfer_id);
+        if landed.is_err() {
+            w.write_failed.insert(mm_hash.to_string());
         }
         (landed, granted)
     });

@@ -111,6 +111,11 @@ pub struct World {
     /// Where written bytes landed and which destinations ranks granted
     /// (`accept-before-ready`).
     pub landed: crate::landed::LandedLedger,
+    /// Slabs of closed ranks that stay registered because a writer may still land in them
+    /// (race S21), by Mooncake session, with the book they closed with.
+    pub kept: BTreeMap<String, Rc<RefCell<Shard>>>,
+    /// mm_hashes some device write of failed (`delivery-after-heal` leaves them out).
+    pub write_failed: BTreeSet<String>,
 }
 
 /// An item its producer reported pushed (see [`World::pushed`]).
@@ -178,6 +183,8 @@ impl World {
             held: BTreeMap::new(),
             push_failed: BTreeSet::new(),
             landed: crate::landed::LandedLedger::default(),
+            kept: BTreeMap::new(),
+            write_failed: BTreeSet::new(),
         }
     }
 
@@ -245,8 +252,18 @@ impl World {
     /// A rank's program is gone (crashed or stopped): its shard, session and event port
     /// with it.
     pub fn rank_down(&mut self, host: &str) {
+        self.rank_closed(host, false);
+    }
+
+    /// A rank's program is gone; its slab stays registered if `keep_slab` (a clean close
+    /// that timed out waiting for its writers, race S21).
+    pub fn rank_closed(&mut self, host: &str, keep_slab: bool) {
         if let Some(rank) = self.ranks.remove(host) {
-            self.device.unregister(&rank.session);
+            if keep_slab {
+                self.kept.insert(rank.session.clone(), rank.shard.clone());
+            } else {
+                self.device.unregister(&rank.session);
+            }
             self.event_ports.retain(|_, h| h != host);
             self.dirty.remove(host);
         }
