@@ -14,6 +14,8 @@
 //!   ones the push met;
 //! - no device write of its mm_hash failed anywhere (the data plane's seeded failures fail
 //!   a push by design, and a follower shares its writer's fate);
+//! - its consumer refused no push for a full buffer pool from [`SETTLE`] before it arrived
+//!   to its deadline (capacity pressure refuses pushes by design);
 //! - the world leaves it time: its encoder run, the longest write, three of the longest
 //!   producer stalls and the slack fit in the push wait and in the reservation TTL; and
 //!   no setting ctlplane is known to be wrong under (an [`crate::world_swarm::Exposure`])
@@ -61,30 +63,44 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
     };
     // A request alone: time enough, no fault on its own path (the scheduler, its
     // consumer's ranks, its producer) in its window, no restarted rank, no failed write.
+    let healed_ms = plan.end_ms() + settle_ms;
     let alone = |req: &crate::hosts::workload::Request| {
         let needs = req.encode + write + stalls + crate::oracle::RESOLVE_SLACK;
         if needs > push_wait || needs > RESERVATION_TTL {
             return false;
         }
         let (at_ms, deadline_ms) = window(req);
+        let pressure = req.items.iter().any(|i| w.write_failed.contains(&i.mm_hash))
+            || w.pool_full.iter().any(|&(c, t)| {
+                let t_ms = t.as_nanos() / 1_000_000;
+                c == req.consumer && t_ms < deadline_ms && t_ms + settle_ms > at_ms
+            });
+        // A restarted rank binds a new ephemeral event port and the scheduler's inbox
+        // never re-discovers (docs/ec-behaviour.md §6.1): its events are lost for good.
+        let restarted = w.rank_incarnations(req.consumer).iter().any(|(_, i)| *i != 0);
+        if pressure || restarted {
+            return false;
+        }
         let mut path: Vec<&str> = w.topo.schedulers.iter().map(String::as_str).collect();
         if let Some(c) = w.topo.consumers.get(req.consumer) {
             path.extend(c.ranks.iter().map(String::as_str));
         }
         path.extend(w.topo.producers.get(req.producer).map(String::as_str));
-        // A fault on the event path (the scheduler and a rank of its consumer) at any time
-        // before the deadline: the simulated PULL does not always get its connection back
-        // (open question, docs/simulator.md).
+        // A fault between the scheduler and a rank of its consumer at any time before the
+        // deadline: a segment the simulated network dropped in a partition is never
+        // retransmitted, so the event stream it belonged to stays silent for good while
+        // both ends hold it open (docs/simulator.md, "Network fidelity").
         let event_path = plan.faults.iter().any(|f| {
             let hosts = f.kind.hosts();
             f.at_ms < deadline_ms
                 && hosts.iter().any(|h| w.topo.schedulers.iter().any(|s| s == h))
                 && hosts.iter().any(|h| path.contains(h) && !w.topo.schedulers.iter().any(|s| s == h))
         });
-        !event_path
-            && !fault_windows(&path).iter().any(|&(from, to)| from < deadline_ms && to + settle_ms > at_ms)
-            && !w.rank_incarnations(req.consumer).iter().any(|(_, i)| *i != 0)
-            && !req.items.iter().any(|i| w.write_failed.contains(&i.mm_hash))
+        // After every fault healed and settled, nothing else excuses a request.
+        if at_ms >= healed_ms {
+            return !event_path;
+        }
+        !event_path && !fault_windows(&path).iter().any(|&(from, to)| from < deadline_ms && to + settle_ms > at_ms)
     };
     let eligible: Vec<bool> = w.workload.iter().map(alone).collect();
     let mut out = Vec::new();
@@ -94,14 +110,18 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
             continue;
         }
         // Every request of the consumer sharing an mm_hash with it and arriving before its
-        // deadline must be unhindered too: one of them may hold the writer it follows, or
-        // leave the hash's record behind.
+        // deadline must be unhindered too, unless it loaded that item and resolved before
+        // this one arrived: one still running may hold the writer this one follows, and
+        // one that failed may leave the hash's record behind.
         let deadline = window(req).1;
-        let hindered = w.workload.iter().enumerate().any(|(o, other)| {
+        let hindered = w.workload.iter().zip(&w.requests).enumerate().any(|(o, (other, other_st))| {
             !eligible[o]
                 && other.consumer == req.consumer
                 && window(other).0 < deadline
-                && other.items.iter().any(|x| req.items.iter().any(|i| i.mm_hash == x.mm_hash))
+                && other.items.iter().zip(&other_st.fates).any(|(x, fate)| {
+                    req.items.iter().any(|i| i.mm_hash == x.mm_hash)
+                        && (*fate != Some(ItemFate::Loaded) || other_st.resolved_at.is_none_or(|t| t >= req.at))
+                })
         });
         if hindered {
             continue;

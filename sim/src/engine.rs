@@ -251,10 +251,8 @@ fn run_world(
     let end = sim.elapsed();
     let end_ns = end.as_nanos() as u64;
     let mut stats = oracle::check_ec_liveness(end_ns, PUSH_WAIT_TIMEOUT);
-    // `delivery-after-heal` (crate::delivery) is not wired in yet: it still fires on seeds
-    // 29 and 197 of the fixed main job (first-wave requests under slow writes); see the
-    // branch's report.
-    let _ = plan;
+    let judged = crate::delivery::check(end_ns, plan);
+    stats.insert("delivery.judged".to_string(), judged);
     if let Some(w) = world::take() {
         for (k, v) in &w.stats {
             *stats.entry(k.clone()).or_default() += v;

@@ -38,11 +38,7 @@ pub fn check_release(host: &str, session: &str, keep_slab: bool) {
         return;
     }
     let open: Vec<String> = world::with(|w| {
-        w.landed
-            .unwritten_grants(session)
-            .into_iter()
-            .filter(|tid| !w.release.producer_gave_up(host, tid))
-            .collect()
+        w.landed.unwritten_grants(session).into_iter().filter(|tid| !w.release.producer_gave_up(host, tid)).collect()
     });
     if !open.is_empty() {
         crate::oracle::violate(

@@ -49,7 +49,7 @@ pub async fn run(host: String) -> turmoil::Result {
 async fn run_incarnation(host: &str) -> Option<Duration> {
     let host = host.to_string();
     let incarnation = world::start_incarnation(&host);
-    let Some((spec, rank, consumer, index, seed, regressions, max_pending_events, shutdown)) = world::with(|w| {
+    let (spec, rank, consumer, index, seed, regressions, max_pending_events, shutdown) = world::with(|w| {
         let (spec, rank) = w.topo.rank_of(&host)?;
         let consumer = w.topo.consumers.iter().position(|c| c.name == spec.name)?;
         let index = w.topo.ranks().iter().position(|(_, _, h)| *h == host)?;
@@ -59,9 +59,7 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
             .consumer_shutdown
             .filter(|s| incarnation == 0 && s.consumer % w.topo.consumers.len().max(1) == consumer);
         Some((spec.clone(), rank, consumer, index, w.seed, w.regressions, w.knobs.max_pending_events, shutdown))
-    }) else {
-        return None;
-    };
+    })?;
     let port = spec.rank_port(rank);
     let event_port = EVENT_PORT_BASE + 1000 * consumer as u16 + 100 * rank as u16 + (incarnation % 100) as u16;
     let session = format!("{host}:{}", RPC_PORT + (incarnation % 1000) as u16);
@@ -97,7 +95,7 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
     crate::trace::record(&host, "ec.shard.start", &[("incarnation", &incarnation), ("event_port", &event_port)]);
 
     let mut close = shutdown.map(Close::armed);
-    let stop = serve(&host, incarnation, consumer, rank, &shard, &rep, &push, &mut close).await;
+    let stop = serve(&host, incarnation, consumer, rank, &shard, (&rep, &push), &mut close).await;
     if let Stop::Closed { keep_slab } = stop {
         // Clients of the closed REP see timeouts until the next incarnation binds.
         drop((rep, push));
@@ -236,8 +234,7 @@ async fn serve(
     consumer: usize,
     rank: u32,
     shard: &Rc<RefCell<world::Shard>>,
-    rep: &Socket,
-    push: &Socket,
+    (rep, push): (&Socket, &Socket),
     close: &mut Option<Close>,
 ) -> Stop {
     let mut publish_blocked = false;

@@ -22,7 +22,7 @@ use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, ItemRef, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit,
 };
-use ctlplane_core::ec::State;
+use ctlplane_core::ec::{ReserveError, State};
 use ctlplane_core::time::Instant;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -215,15 +215,28 @@ pub async fn run(host: String) -> turmoil::Result {
                     ItemOutcome::Failed { .. } => failed += 1,
                 }
             }
+            // The first failure's reason, so a trace says why a push failed.
+            let first_error = outcomes
+                .iter()
+                .find_map(|o| match o {
+                    ItemOutcome::Failed { error } => Some(error.as_str()),
+                    _ => None,
+                })
+                .unwrap_or("");
             let items = workload.get(request as usize).map(|r| r.items.as_slice()).unwrap_or_default();
+            let consumer = workload.get(request as usize).map(|r| r.consumer);
+            let pool_full = ReserveError::PoolFull.to_string();
             let now = clock::now();
             world::with(|w| {
                 for (item, o) in items.iter().zip(&outcomes) {
                     if *o == ItemOutcome::Pushed {
                         w.note_pushed(&item.transfer_id, now);
                     }
-                    if matches!(o, ItemOutcome::Failed { .. }) {
+                    if let ItemOutcome::Failed { error } = o {
                         w.push_failed.insert(item.transfer_id.clone());
+                        if *error == pool_full {
+                            w.pool_full.extend(consumer.map(|c| (c, now)));
+                        }
                     }
                 }
                 w.count("push.pushed", pushed);
@@ -233,7 +246,13 @@ pub async fn run(host: String) -> turmoil::Result {
             crate::trace::record(
                 &host,
                 "ec.push_done",
-                &[("request", &request), ("pushed", &pushed), ("skipped", &skipped), ("failed", &failed)],
+                &[
+                    ("request", &request),
+                    ("pushed", &pushed),
+                    ("skipped", &skipped),
+                    ("failed", &failed),
+                    ("error", &first_error),
+                ],
             );
         }
         let wake = [

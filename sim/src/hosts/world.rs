@@ -116,6 +116,10 @@ pub struct World {
     pub kept: BTreeMap<String, Rc<RefCell<Shard>>>,
     /// mm_hashes some device write of failed (`delivery-after-heal` leaves them out).
     pub write_failed: BTreeSet<String>,
+    /// When a push item to a consumer was refused because its buffer pool was full, by
+    /// consumer index (capacity pressure refuses pushes by design: `delivery-after-heal`
+    /// leaves requests that met it out).
+    pub pool_full: Vec<(usize, Instant)>,
 }
 
 /// An item its producer reported pushed (see [`World::pushed`]).
@@ -185,6 +189,7 @@ impl World {
             landed: crate::landed::LandedLedger::default(),
             kept: BTreeMap::new(),
             write_failed: BTreeSet::new(),
+            pool_full: Vec::new(),
         }
     }
 
