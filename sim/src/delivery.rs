@@ -17,7 +17,8 @@
 //! - its consumer refused no push for a full buffer pool from [`SETTLE`] before it arrived
 //!   to its deadline (capacity pressure refuses pushes by design);
 //! - the world leaves it time: its encoder run, the longest write, three of the longest
-//!   producer stalls and the slack fit in the push wait and in the reservation TTL; and
+//!   producer stalls and the slack fit in the push wait, in the reservation TTL and in
+//!   the producer request's own timeout, when the world draws one; and
 //!   no setting ctlplane is known to be wrong under (an [`crate::world_swarm::Exposure`])
 //!   is on.
 
@@ -66,7 +67,9 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
     let healed_ms = plan.end_ms() + settle_ms;
     let alone = |req: &crate::hosts::workload::Request| {
         let needs = req.encode + write + stalls + crate::oracle::RESOLVE_SLACK;
-        if needs > push_wait || needs > RESERVATION_TTL {
+        // A producer request that ends first orphans its push (race S20, by design).
+        let request_ends = k.producer_request_timeout.is_some_and(|t| needs > t);
+        if needs > push_wait || needs > RESERVATION_TTL || request_ends {
             return false;
         }
         let (at_ms, deadline_ms) = window(req);

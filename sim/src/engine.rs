@@ -30,6 +30,11 @@ use crate::knobs::Knobs;
 use crate::topology::Topology;
 use crate::{clock, oracle, trace};
 
+/// Steps a run may take. The main job's runs take at most about 20,000 (seeds 0..200); a
+/// host that always has work (a retry loop with no backoff) keeps every tick fine and would
+/// take hours of wall time (five times the most seen leaves room), so the run ends with a
+/// verdict instead of a hang.
+pub const STEP_BUDGET: u64 = 100_000;
 /// Workload and faults run this long.
 pub const ACTIVE: Duration = Duration::from_secs(20);
 /// The run ends here: past the push-wait timeout of the last request, the retries of
@@ -227,6 +232,18 @@ fn run_world(
         let stepped = panic::catch_unwind(AssertUnwindSafe(|| sim.step()));
         steps += 1;
         let t_ns = sim.elapsed().as_nanos() as u64;
+        if steps > STEP_BUDGET {
+            oracle::violate_at(
+                t_ns,
+                "step-budget",
+                "engine",
+                format!(
+                    "{steps} steps reached only {:?} of simulated time: some host never lets the clock jump",
+                    sim.elapsed()
+                ),
+            );
+            break;
+        }
         match stepped {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

@@ -44,6 +44,8 @@ mod stream {
     pub const MAX_PEERS: u64 = BASE + 13;
     pub const SHUTDOWN: u64 = BASE + 14;
     pub const LATE_WAVE: u64 = BASE + 15;
+    pub const COLLIDING: u64 = BASE + 16;
+    pub const REQUEST_TIMEOUT: u64 = BASE + 17;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -142,6 +144,14 @@ pub struct WorldSwarm {
     /// world whose faults are gone (default: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub late_wave_ms: Option<(u64, u64)>,
+    /// Per mille of workload requests another client's request collides with: it names the
+    /// request's first transfer id for another mm_hash (race S24; default: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub colliding_per_mille: Option<u32>,
+    /// Producer requests end this long after they arrive, their push bound or not (race
+    /// S20: an unbound batch is orphaned; default: a request waits for its push).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_timeout_ms: Option<u64>,
 }
 
 /// A clean consumer close (`Knobs::consumer_shutdown`), ms.
@@ -252,6 +262,8 @@ impl WorldSwarm {
                 (settled + r.gen_range(0..=10_000), r.gen_range(2_000..=10_000))
             })
             .filter(|(start, span)| start + span + wait + LATE_WAVE_MARGIN_MS <= crate::engine::END.as_millis() as u64);
+        let colliding_per_mille = on(stream::COLLIDING, 0.25).map(|mut r| log_uniform(&mut r, 5, 300) as u32);
+        let request_timeout_ms = on(stream::REQUEST_TIMEOUT, 0.25).map(|mut r| log_uniform(&mut r, 1_000, 120_000));
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -268,6 +280,8 @@ impl WorldSwarm {
             max_peers,
             shutdown,
             late_wave_ms,
+            colliding_per_mille,
+            request_timeout_ms,
         }
     }
 
@@ -311,9 +325,8 @@ impl WorldSwarm {
             producer_stalls: self
                 .producer_stalls
                 .map(|s| ProducerStalls { mean_gap: d(s.mean_gap_ms), length: (d(s.length_ms.0), d(s.length_ms.1)) }),
-            // The main job's proxy mints every transfer id (no S24 collision drawn).
-            colliding_ids_per_mille: None,
-            producer_request_timeout: None,
+            colliding_ids_per_mille: self.colliding_per_mille,
+            producer_request_timeout: self.request_timeout_ms.map(d),
             consumer_shutdown: self.shutdown.map(|s| ConsumerShutdown {
                 consumer: s.consumer,
                 at: d(s.at_ms),

@@ -71,7 +71,7 @@ fn the_table_has_a_row_per_race_and_a_summary() {
 /// with only the race's switch on) finds within a couple of seeds on this build. The full
 /// generic table (every race, 200 seeds) is in `docs/races.md`.
 const GENERIC_CAP: u64 = 3;
-const GENERIC_CI_RACES: &[&str] = &["ec-s6", "ec-s8", "ec-s9", "p2p-s1", "p2p-s3", "p2p-s18", "p2p-hwm"];
+const GENERIC_CI_RACES: &[&str] = &["ec-s6", "ec-s8", "ec-s9", "ec-s24", "p2p-s1", "p2p-s3", "p2p-s18", "p2p-hwm"];
 
 #[test]
 fn generic_ci_races_are_found_on_the_main_job_and_pass_with_the_fix() {
