@@ -54,7 +54,7 @@ for f in "${files[@]}"; do args+=(-f "$f"); done
 [[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
 
 mkdir -p "$out"
-export CTLSIM_SUITE_SEEDS="$seeds" CTLSIM_SUITE_THREADS="${CTLSIM_SUITE_THREADS:-2}"
+export CTLSIM_SUITE_SEEDS="$seeds" CTLSIM_SUITE_THREADS="${CTLSIM_SUITE_THREADS:-2}" CTLSIM_SUITE_FAIL_FAST=1
 test_name=seeded_suite_of_the_full_topology_has_no_violations
 echo "== the unmutated suite ($seeds seeds), which every mutant's run is timed against"
 cargo test -p ctlplane-sim --test suite --no-run

@@ -53,6 +53,9 @@ pub struct Knobs {
     /// source is orphaned (`PushCoordinator::orphan`, EC S20). `None`: requests end only
     /// once their push is done.
     pub producer_request_timeout: Option<Duration>,
+    /// Only this producer (an index into `Topology::producers`) applies
+    /// `producer_request_timeout`; `None`: every producer does.
+    pub producer_request_timeout_on: Option<usize>,
     /// One consumer replica's workers close cleanly (ec-behaviour.md §3.7, race S21) and
     /// start again; `None` (production's steady state): no worker closes.
     pub consumer_shutdown: Option<ConsumerShutdown>,

@@ -148,8 +148,8 @@ pub struct WorldSwarm {
     /// request's first transfer id for another mm_hash (race S24; default: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub colliding_per_mille: Option<u32>,
-    /// Producer requests end this long after they arrive, their push bound or not (race
-    /// S20: an unbound batch is orphaned; default: a request waits for its push).
+    /// The first producer's requests end this long after they arrive, their push bound or
+    /// not (race S20: an unbound batch is orphaned; default: a request waits for its push).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout_ms: Option<u64>,
 }
@@ -263,7 +263,7 @@ impl WorldSwarm {
             })
             .filter(|(start, span)| start + span + wait + LATE_WAVE_MARGIN_MS <= crate::engine::END.as_millis() as u64);
         let colliding_per_mille = on(stream::COLLIDING, 0.25).map(|mut r| log_uniform(&mut r, 5, 300) as u32);
-        let request_timeout_ms = on(stream::REQUEST_TIMEOUT, 0.25).map(|mut r| log_uniform(&mut r, 1_000, 120_000));
+        let request_timeout_ms = on(stream::REQUEST_TIMEOUT, 0.15).map(|mut r| log_uniform(&mut r, 1_000, 120_000));
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -327,6 +327,8 @@ impl WorldSwarm {
                 .map(|s| ProducerStalls { mean_gap: d(s.mean_gap_ms), length: (d(s.length_ms.0), d(s.length_ms.1)) }),
             colliding_ids_per_mille: self.colliding_per_mille,
             producer_request_timeout: self.request_timeout_ms.map(d),
+            // One producer's requests time out; the other's wait for their pushes.
+            producer_request_timeout_on: self.request_timeout_ms.map(|_| 0),
             consumer_shutdown: self.shutdown.map(|s| ConsumerShutdown {
                 consumer: s.consumer,
                 at: d(s.at_ms),

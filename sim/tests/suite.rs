@@ -2,7 +2,8 @@
 //! fault plan, and not one oracle may fire. N comes from `CTLSIM_SUITE_SEEDS` (default 200); seeds start at
 //! `CTLSIM_SUITE_FIRST` (default 0). Seeds run on `CTLSIM_SUITE_THREADS` threads (default
 //! 2): every simulation keeps its state thread-local, so runs on different threads are
-//! independent.
+//! independent. With `CTLSIM_SUITE_FAIL_FAST=1` no seed starts after one failed (the
+//! mutation job, `scripts/mutation.sh`: one verdict is enough to kill a mutant).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ fn seeded_suite_of_the_full_topology_has_no_violations() {
     let n = env("CTLSIM_SUITE_SEEDS", 200);
     let first = env("CTLSIM_SUITE_FIRST", 0);
     let threads = env("CTLSIM_SUITE_THREADS", 2).max(1);
+    let fail_fast = env("CTLSIM_SUITE_FAIL_FAST", 0) != 0;
     let next = Arc::new(AtomicU64::new(first));
     let failures = Arc::new(Mutex::new(Vec::new()));
     let sim_secs = Arc::new(Mutex::new(0f64));
@@ -27,7 +29,7 @@ fn seeded_suite_of_the_full_topology_has_no_violations() {
             let (next, failures, sim_secs) = (next.clone(), failures.clone(), sim_secs.clone());
             std::thread::spawn(move || loop {
                 let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= first + n {
+                if seed >= first + n || (fail_fast && !failures.lock().unwrap().is_empty()) {
                     return;
                 }
                 let report = run(&RunConfig::new(seed));
