@@ -28,6 +28,10 @@ pub struct Knobs {
     pub p2p_no_handshake_deadline: bool,
     /// `RegistryConfig::max_peers` of every P2P peer; `None` = unbounded (the default).
     pub p2p_max_peers: Option<usize>,
+    /// Every P2P peer's frame limit (`RegistryConfig::max_message_bytes` and its sockets'
+    /// `maxmsgsize`, the T2 lineage's `MAX_CONTROL_MESSAGE_BYTES`); `None` (the default):
+    /// no limit.
+    pub p2p_frame_limit: Option<usize>,
     /// A P2P peer whose session was reaped connects again within the same manager tick (a
     /// request naming the peer arrives right away), instead of after a 200-1000 ms backoff.
     /// A session that died of a protocol error still backs off, so its Disconnect goes out.

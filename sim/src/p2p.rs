@@ -50,6 +50,7 @@ pub fn install_with(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: 
         no_handshake_deadline: w.knobs.p2p_no_handshake_deadline,
         max_peers: w.knobs.p2p_max_peers,
         immediate_reconnect: w.knobs.p2p_immediate_reconnect,
+        max_message_bytes: w.knobs.p2p_frame_limit,
         manager: w.regressions.manager,
         quiet: false,
     })

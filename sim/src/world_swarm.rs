@@ -46,6 +46,7 @@ mod stream {
     pub const LATE_WAVE: u64 = BASE + 15;
     pub const COLLIDING: u64 = BASE + 16;
     pub const REQUEST_TIMEOUT: u64 = BASE + 17;
+    pub const FRAME_LIMIT: u64 = BASE + 18;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -152,6 +153,9 @@ pub struct WorldSwarm {
     /// not (race S20: an unbound batch is orphaned; default: a request waits for its push).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout_ms: Option<u64>,
+    /// P2P peers run with the T2 lineage's frame limit (default: none).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub p2p_frame_limit: bool,
 }
 
 /// A clean consumer close (`Knobs::consumer_shutdown`), ms.
@@ -264,6 +268,7 @@ impl WorldSwarm {
             .filter(|(start, span)| start + span + wait + LATE_WAVE_MARGIN_MS <= crate::engine::END.as_millis() as u64);
         let colliding_per_mille = on(stream::COLLIDING, 0.25).map(|mut r| log_uniform(&mut r, 5, 300) as u32);
         let request_timeout_ms = on(stream::REQUEST_TIMEOUT, 0.15).map(|mut r| log_uniform(&mut r, 1_000, 120_000));
+        let p2p_frame_limit = on(stream::FRAME_LIMIT, 0.4).is_some();
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -282,6 +287,7 @@ impl WorldSwarm {
             late_wave_ms,
             colliding_per_mille,
             request_timeout_ms,
+            p2p_frame_limit,
         }
     }
 
@@ -320,6 +326,7 @@ impl WorldSwarm {
             push_wait_timeout: self.push_wait_ms.map(d),
             p2p_no_handshake_deadline: self.no_handshake_deadline,
             p2p_max_peers: self.max_peers,
+            p2p_frame_limit: self.p2p_frame_limit.then_some(ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES),
             p2p_immediate_reconnect: self.immediate_reconnect,
             producer_sockets_per_shard: self.sockets_per_shard,
             producer_stalls: self

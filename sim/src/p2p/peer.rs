@@ -57,6 +57,9 @@ pub struct PeerSettings {
     pub max_peers: Option<usize>,
     /// Reconnect within the tick that reaped the session.
     pub immediate_reconnect: bool,
+    /// `RegistryConfig::max_message_bytes` and every socket's `maxmsgsize` (the T2
+    /// lineage's frame limit, `TransportOptions::with_t2_frame_limit`); `None`: no limit.
+    pub max_message_bytes: Option<usize>,
     /// `ManagerConfig::regressions`.
     pub manager: ManagerRegressions,
     /// The application sends no requests of its own, only answers (a scripted world,
@@ -93,7 +96,7 @@ fn name_hash(name: &str) -> u64 {
 
 /// The ROUTER's options (`identity` `None`) or a DEALER's, with the core's high-water mark
 /// and linger.
-fn options(identity: Option<&str>) -> SocketOptions {
+fn options(identity: Option<&str>, maxmsgsize: Option<usize>) -> SocketOptions {
     let linger = if identity.is_some() { DEALER_LINGER } else { ROUTER_LINGER };
     SocketOptions {
         heartbeat_ivl: Some(HEARTBEAT_IVL),
@@ -102,6 +105,7 @@ fn options(identity: Option<&str>) -> SocketOptions {
         routing_id: identity.map(|i| i.as_bytes().to_vec()),
         sndhwm: usize::try_from(DEALER_SNDHWM).unwrap_or(1000),
         linger,
+        maxmsgsize,
         ..SocketOptions::default()
     }
 }
@@ -137,6 +141,8 @@ struct Peer {
     known: BTreeSet<String>,
     /// DEALERs a forged-identity fault opened from this host (kept open, as an attacker's).
     forged: Vec<Socket>,
+    /// [`PeerSettings::max_message_bytes`], for the DEALERs it opens.
+    max_message_bytes: Option<usize>,
     /// An error escaped into the engine loop: the mainline manager has no error boundary
     /// around the transport (the one of PR #51504 comes with `max_peers`), so EngineCore dies.
     fatal: Option<String>,
@@ -150,6 +156,7 @@ fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
     let mut registry = RegistryConfig::new(peer_id(name));
     registry.t0 = cfg.t0;
     registry.max_peers = cfg.settings.max_peers;
+    registry.max_message_bytes = cfg.settings.max_message_bytes;
     let session = session_config(name, inc, !cfg.settings.no_handshake_deadline);
     ManagerConfig {
         regressions: cfg.settings.manager,
@@ -202,7 +209,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
     let name = cfg.name.clone();
     let inc = ledger::start(&name);
     let ctx = Context::new(&name);
-    let router = Socket::new(&ctx, SocketType::Router, options(None));
+    let router = Socket::new(&ctx, SocketType::Router, options(None, cfg.settings.max_message_bytes));
     router.bind(&format!("tcp://{name}:{PORT}")).await.map_err(|e| format!("{name}: cannot bind ROUTER: {e}"))?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ name_hash(&name));
     rng.set_stream(u64::from(inc));
@@ -228,6 +235,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         rng,
         known,
         forged: Vec::new(),
+        max_message_bytes: cfg.settings.max_message_bytes,
         fatal: None,
         quiet: cfg.settings.quiet,
     };
@@ -477,7 +485,7 @@ impl Peer {
     /// A forged-identity fault: one well-formed message to `to`'s ROUTER from a DEALER of
     /// our own whose routing identity claims to be `claims`.
     fn forge(&mut self, to: &str, claims: &str) {
-        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(claims)));
+        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(claims), self.max_message_bytes));
         let connected = dealer.connect(&format!("tcp://{to}:{PORT}"));
         let frame = value::encode(&value::Value::map([
             ("type", value::Value::from("connect")),
@@ -641,7 +649,7 @@ impl Peer {
         identity: &str,
         monitor_ep: &str,
     ) -> Result<(Socket, Socket), ZmqError> {
-        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(identity)));
+        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(identity), self.max_message_bytes));
         dealer.monitor(monitor_ep, MONITOR_EVENT_MASK).await?;
         let pair = Socket::new(&self.ctx, SocketType::Pair, SocketOptions::default());
         pair.connect(monitor_ep)?;
