@@ -174,8 +174,12 @@ fn scenario_reserve_and_status(s: &mut Session) {
         r#"{{"mm_hash": "{H}", "ready": false, "reservation_id": "{r1}", "nbytes": 16384, "shape": [64, 128], "dtype": "float16"}}"#
     );
     s.expect(&status, &ok(&writing));
-    // A duplicate reserve of an in-flight transfer: same id, no write.
-    s.expect(&reserve, &ok(&granted(&r1, 140213339553792, 16384, false, false, false)));
+    // A duplicate reserve of an in-flight transfer: the same destination, no write, and an
+    // id of its own, so the duplicate's cleanup cannot free the first grant (`ec-dup-push`).
+    let reply = s.call(&reserve);
+    let dup = rid_of(&reply);
+    assert_ne!(dup, r1, "a duplicate's grant has an id of its own");
+    assert_eq!(reply, ok(&granted(&dup, 140213339553792, 16384, false, false, false)));
     s.expect(r#"{"op": "status", "transfer_id": "nobody"}"#, NULL);
     assert!(s.events().is_empty(), "nothing is ready yet");
 }
@@ -258,12 +262,13 @@ fn scenario_batches_and_events(s: &mut Session) {
         r#"{"ok": true, "result": {"items": [{"completed": true, "became_ready": false}]}}"#,
     );
     assert!(s.events().is_empty());
-    s.expect(
-        &format!(
-            r#"{{"op": "reserve", "transfer_id": "{T1}", "mm_hash": "{H}", "nbytes": 16384, "shape": [64, 128], "dtype": "float16"}}"#
-        ),
-        &ok(&granted(&r1, 140213339553792, 16384, false, true, true)),
-    );
+    // The record again, under an id of the duplicate's own (`ec-dup-push`).
+    let reply = s.call(&format!(
+        r#"{{"op": "reserve", "transfer_id": "{T1}", "mm_hash": "{H}", "nbytes": 16384, "shape": [64, 128], "dtype": "float16"}}"#
+    ));
+    let dup = rid_of(&reply);
+    assert_ne!(dup, r1, "a duplicate's grant has an id of its own");
+    assert_eq!(reply, ok(&granted(&dup, 140213339553792, 16384, false, true, true)));
     assert_eq!(s.events().len(), 1);
 }
 
