@@ -332,6 +332,9 @@ struct Rec {
     /// On a writer: its followers in arrival order.
     followers: Vec<usize>,
     deadline: Option<u64>,
+    /// Duplicate reserves granted (each under an id of its own, ec-behaviour.md §3.3
+    /// rule 5; the operations never name those ids).
+    dups: usize,
     /// Position in the tombstone order.
     tomb: Option<u64>,
 }
@@ -347,6 +350,7 @@ impl Rec {
             writer: None,
             followers: Vec::new(),
             deadline: None,
+            dups: 0,
             tomb: None,
         }
     }
@@ -368,9 +372,11 @@ struct Entry {
 enum Expect {
     Err(String),
     Cancelled,
-    /// `rid: None` = a freshly minted id (learnt from the reply).
+    /// `rid: None` = a freshly minted id (learnt from the reply); `dup`: the grant of a
+    /// duplicate reserve, whose fresh id stays the duplicate's (the record keeps its own).
     Granted {
         rid: Option<String>,
+        dup: bool,
         slot: usize,
         write: bool,
         ready: bool,
@@ -645,12 +651,21 @@ impl Model {
                     if st == St::CancelPending {
                         return Expect::Cancelled;
                     }
-                    let (rid, cached) = (r.rid.clone(), r.lease.is_some());
+                    let cached = r.lease.is_some();
                     if st == St::Writing {
                         self.rec(tid).deadline = Some(now + TTL);
                     }
+                    self.rec(tid).dups += 1;
                     let slot = self.slot_of(tid).expect("active record has a destination");
-                    return Expect::Granted { rid: Some(rid), slot, write: false, ready: st == St::Ready, cached };
+                    // ctlplane gives a duplicate an id of its own (ec-behaviour.md §3.3 rule 5).
+                    return Expect::Granted {
+                        rid: None,
+                        dup: true,
+                        slot,
+                        write: false,
+                        ready: st == St::Ready,
+                        cached,
+                    };
                 }
             }
         }
@@ -666,7 +681,7 @@ impl Model {
             r.lease = Some(id);
             r.deadline = Some(now + TTL);
             self.recs.insert(tid, r);
-            return Expect::Granted { rid: None, slot, write: false, ready: true, cached: true };
+            return Expect::Granted { rid: None, dup: false, slot, write: false, ready: true, cached: true };
         }
         // An in-flight writer: follow it.
         if let Some(w) = self.writer_of(t.hash) {
@@ -680,7 +695,7 @@ impl Model {
             r.writer = Some(w);
             r.deadline = Some(now + TTL);
             self.recs.insert(tid, r);
-            return Expect::Granted { rid: None, slot, write: false, ready: false, cached: false };
+            return Expect::Granted { rid: None, dup: false, slot, write: false, ready: false, cached: false };
         }
         // Allocate: reap, then evict residents, under pressure.
         let mut slot = self.alloc_slot();
@@ -698,7 +713,7 @@ impl Model {
         r.slot = Some(slot);
         r.deadline = Some(now + TTL);
         self.recs.insert(tid, r);
-        Expect::Granted { rid: None, slot, write: true, ready: false, cached: false }
+        Expect::Granted { rid: None, dup: false, slot, write: true, ready: false, cached: false }
     }
 
     /// ec-behaviour.md §3.4, with the shard's event order (published followers, then the writer).
@@ -760,6 +775,10 @@ impl Model {
             return false;
         }
         let (st, follower) = (r.st, r.writer.is_some());
+        if self.dup_defers(tid, rid, abandon) {
+            self.defer(tid, St::CancelPending);
+            return true;
+        }
         if st == St::Cancelled {
             self.push_tomb(tid, now);
             self.reap(now);
@@ -788,6 +807,15 @@ impl Model {
         }
         self.terminate(tid, St::Cancelled, now);
         true
+    }
+
+    /// §3.5 rule 0: an empty-id abandon of a writer that duplicates were granted may come
+    /// from a push that never wrote here; it defers like a plain cancel (the writer keeps
+    /// its memory).
+    fn dup_defers(&self, tid: usize, rid: &str, abandon: bool) -> bool {
+        self.recs
+            .get(&tid)
+            .is_some_and(|r| abandon && rid.is_empty() && r.writer.is_none() && r.st == St::Writing && r.dups > 0)
     }
 
     fn status(&self, tid: usize) -> Value {
@@ -1140,12 +1168,13 @@ impl Harness {
                 }
                 frame.push('}');
                 let (reply, text) = self.request(&frame);
+                let deferred = self.model.dup_defers(*tid, &rid, *abandon);
                 let cancelled = self.model.cancel(*tid, &rid, *abandon, *refresh, now);
                 ensure!(
                     reply == json!({"ok": true, "result": {"cancelled": cancelled}}),
                     "cancel {tid} {rid:?} abandon={abandon} refresh={refresh}: {text}, model {cancelled}"
                 );
-                if cancelled && *abandon {
+                if cancelled && *abandon && !deferred {
                     self.release_grant(*tid, &rid);
                 }
             }
@@ -1250,15 +1279,17 @@ impl Harness {
                 "reservation_id": "", "dst_session": "", "dst_ptr": 0, "nbytes": nbytes,
                 "write": false, "ready": false, "cancelled": true,
             }}),
-            Expect::Granted { rid, slot, write, ready, cached } => {
+            Expect::Granted { rid, dup, slot, write, ready, cached } => {
                 let rid = match rid {
                     Some(r) => r.clone(),
                     None => {
                         let r = actual["result"]["reservation_id"].as_str().unwrap_or_default().to_string();
                         ensure!(is_uuid4_hex(&r), "reserve {item:?}: fresh id {r:?} is not uuid4 hex: {actual}");
                         ensure!(self.minted.insert(r.clone()), "reserve {item:?}: id {r} minted twice");
-                        self.history[item.tid].push(r.clone());
-                        self.model.rec(item.tid).rid = r.clone();
+                        if !dup {
+                            self.history[item.tid].push(r.clone());
+                            self.model.rec(item.tid).rid = r.clone();
+                        }
                         r
                     }
                 };
