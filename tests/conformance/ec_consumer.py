@@ -131,7 +131,11 @@ class Side:
         if isinstance(value, list):
             return [self.normalise(v) for v in value]
         if isinstance(value, str) and HEX32.match(value):
-            return self.label(value)
+            # Compared as present and well formed, not by identity: ctlplane gives a
+            # duplicate reserve an id of its own where the release repeats the record's
+            # (docs/ec-behaviour.md §3.3 rule 5, race ec-dup-push).
+            self.label(value)
+            return "RID"
         return value
 
     def learn(self, tids: list[str], reply: dict) -> None:
