@@ -145,6 +145,10 @@ class Side:
             results = [i.get("result") for i in result["items"]] if "items" in result else [result]
         for tid, r in zip(tids, results):
             if isinstance(r, dict) and r.get("reservation_id"):
+                # A grant without a write of a transfer already granted keeps the first id:
+                # the release repeats it, ctlplane gives the duplicate an id of its own.
+                if r.get("write") is False and tid in self.last_rid:
+                    continue
                 self.last_rid[tid] = r["reservation_id"]
 
     def drain_events(self) -> list:
