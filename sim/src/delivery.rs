@@ -68,8 +68,7 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
     let alone = |req: &crate::hosts::workload::Request| {
         let needs = req.encode + write + stalls + crate::oracle::RESOLVE_SLACK;
         // A producer request that ends first orphans its push (race S20, by design).
-        let request_ends = k.producer_request_timeout.is_some_and(|t| needs > t)
-            && k.producer_request_timeout_on.is_none_or(|p| p == req.producer);
+        let request_ends = k.request_timeout_of(req.producer).is_some_and(|t| needs > t);
         if needs > push_wait || needs > RESERVATION_TTL || request_ends {
             return false;
         }

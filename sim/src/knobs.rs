@@ -65,6 +65,13 @@ pub struct Knobs {
     pub consumer_shutdown: Option<ConsumerShutdown>,
 }
 
+impl Knobs {
+    /// The request timeout `producer` (an index into `Topology::producers`) applies, if any.
+    pub fn request_timeout_of(&self, producer: usize) -> Option<Duration> {
+        self.producer_request_timeout.filter(|_| self.producer_request_timeout_on.is_none_or(|p| p == producer))
+    }
+}
+
 /// A clean close of every rank of one consumer (`Knobs::consumer_shutdown`): from `at`,
 /// each rank begins its shutdown the first time it grants a writer a fresh destination
 /// (so a write is on its way), or at `at + ConsumerShutdown::PATIENCE` if none comes;

@@ -55,9 +55,7 @@ pub async fn run(host: String) -> turmoil::Result {
     crate::trace::record(&host, "ec.producer.start", &[("incarnation", &incarnation)]);
     let ctx = Context::new(&host);
     let (regressions, sockets, request_timeout) = world::with(|w| {
-        let timeout =
-            w.knobs.producer_request_timeout.filter(|_| w.knobs.producer_request_timeout_on.is_none_or(|p| p == me));
-        (w.regressions.push, w.knobs.producer_sockets_per_shard.unwrap_or(1).max(1), timeout)
+        (w.regressions.push, w.knobs.producer_sockets_per_shard.unwrap_or(1).max(1), w.knobs.request_timeout_of(me))
     });
     let clients: Vec<Rc<ControlClient>> =
         (0..sockets).map(|_| Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT))).collect();
