@@ -5,13 +5,19 @@
 # the suite fails on it; the unit tests never run. A suite that outlives its timeout is
 # listed apart (a hang is not an oracle's verdict).
 #
-#   scripts/mutation.sh [--seeds N] [--shard K/N] [--jobs J] [--out DIR]
+#   scripts/mutation.sh [--seeds N] [--shard K/N] [--out DIR]
 #
 #   --seeds  seeds of the suite per mutant (default 100)
-#   --shard  only the mutants i with i % N == K, a fixed sample (default: all of them)
-#   --jobs   mutants built and tested at once (default 1)
+#   --shard  only the mutants i with i % N == K (default: all of them). The shards of one N
+#            partition the mutants: run them on several machines or one after another,
+#            then merge with `scripts/mutation_table.py SHARD_DIR/mutants.out/outcomes.json...`
 #   --out    output directory (default target/mutation); cargo-mutants writes
 #            DIR/mutants.out, this script DIR/table.md
+#
+# Mutants are built in place in a copy of the checkout, target/mutation-tree, which keeps
+# its build between mutants and between runs: a mutant costs an incremental rebuild of
+# core and the simulator (a few seconds, profile `mutants` in Cargo.toml) instead of a
+# fresh build. One job at a time per checkout (a lock on the copy says so).
 #
 # Needs cargo-mutants (`cargo install cargo-mutants --locked`). Prints the table per file
 # (mutants, viable, killed, survivors) and every survivor; docs/simulator.md has the figures.
@@ -22,13 +28,11 @@ cd "$root"
 
 seeds=100
 shard=""
-jobs=1
 out="target/mutation"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seeds) seeds="$2"; shift 2 ;;
         --shard) shard="$2"; shift 2 ;;
-        --jobs) jobs="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         *) echo "scripts/mutation.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
@@ -49,17 +53,29 @@ files=(
 # cargo-mutants' own baseline would run the mutated package's tests, not the suite; the
 # unmutated suite is run here first instead, and the mutants' timeout is set from it.
 # Each mutant is rebuilt before its suite, so the timeout is for the suite alone.
-args=(-p ctlplane-core --test-package ctlplane-sim --cargo-test-arg=--test=suite --jobs "$jobs" --output "$out" --baseline skip)
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+args=(-p ctlplane-core --test-package ctlplane-sim --cargo-test-arg=--test=suite --profile mutants
+      --in-place --output "$out" --baseline skip)
 for f in "${files[@]}"; do args+=(-f "$f"); done
 [[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
 
-mkdir -p "$out"
+# The copy: the checkout's files as they are now (committed or not), modification times
+# kept so that cargo rebuilds only what changed since the last run.
+tree="$root/target/mutation-tree"
+mkdir -p "$tree"
+exec 9>"$tree.lock"
+flock -n 9 || { echo "scripts/mutation.sh: another mutation job holds $tree.lock" >&2; exit 2; }
+find "$tree" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
+git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$tree"
+cd "$tree"
+
 export CTLSIM_SUITE_SEEDS="$seeds" CTLSIM_SUITE_THREADS="${CTLSIM_SUITE_THREADS:-2}" CTLSIM_SUITE_FAIL_FAST=1
 test_name=seeded_suite_of_the_full_topology_has_no_violations
 echo "== the unmutated suite ($seeds seeds), which every mutant's run is timed against"
-cargo test -p ctlplane-sim --test suite --no-run
+cargo test --profile mutants -p ctlplane-sim --test suite --no-run
 started=$(date +%s)
-cargo test -p ctlplane-sim --test suite -- "$test_name" --exact
+cargo test --profile mutants -p ctlplane-sim --test suite -- "$test_name" --exact
 took=$(( $(date +%s) - started ))
 timeout=$(( took * 5 > 60 ? took * 5 : 60 ))
 args+=(--timeout "$timeout")
@@ -73,4 +89,5 @@ case "$status" in
     0 | 2 | 3) ;;
     *) echo "scripts/mutation.sh: cargo mutants failed with status $status" >&2; exit "$status" ;;
 esac
+cd "$root"
 python3 scripts/mutation_table.py "$out/mutants.out/outcomes.json" | tee "$out/table.md"

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The per-file table of a mutation run (scripts/mutation.sh) from cargo-mutants'
 outcomes.json: mutants, viable (it built), killed (the seeded suite failed), timed out,
-survivors, kill rate among the viable; then every survivor by name."""
+survivors, kill rate among the viable; then every survivor by name.
+
+Several outcomes.json files (the shards of one run) merge into one table; a mutant found
+in more than one file counts once, with its outcome in the last file named."""
 
 from __future__ import annotations
 
@@ -10,25 +13,28 @@ import sys
 from collections import defaultdict
 
 
-def main(path: str) -> int:
-    try:
-        with open(path, encoding="utf-8") as f:
-            report = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"mutation_table.py: cannot read {path}: {e}", file=sys.stderr)
-        return 2
+def main(paths: list[str]) -> int:
+    outcomes: dict[str, tuple[str, str | None]] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                report = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"mutation_table.py: cannot read {path}: {e}", file=sys.stderr)
+            return 2
+        for outcome in report.get("outcomes", []):
+            scenario = outcome.get("scenario")
+            if not isinstance(scenario, dict) or "Mutant" not in scenario:
+                continue  # the baseline
+            mutant = scenario["Mutant"]
+            name = mutant.get("name") or f"{mutant.get('file')}: {mutant.get('replacement')}"
+            outcomes[name] = (mutant.get("file", "?"), outcome.get("summary"))
     rows: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     survivors: list[str] = []
     timeouts: list[str] = []
-    for outcome in report.get("outcomes", []):
-        scenario = outcome.get("scenario")
-        if not isinstance(scenario, dict) or "Mutant" not in scenario:
-            continue  # the baseline
-        mutant = scenario["Mutant"]
-        name = mutant.get("name") or f"{mutant.get('file')}: {mutant.get('replacement')}"
-        row = rows[mutant.get("file", "?")]
+    for name, (file, summary) in outcomes.items():
+        row = rows[file]
         row["mutants"] += 1
-        summary = outcome.get("summary")
         if summary == "Unviable":
             continue
         row["viable"] += 1
@@ -65,6 +71,6 @@ def line(file: str, row: dict[str, int]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: mutation_table.py OUTCOMES_JSON")
-    sys.exit(main(sys.argv[1]))
+    if len(sys.argv) < 2:
+        sys.exit("usage: mutation_table.py OUTCOMES_JSON...")
+    sys.exit(main(sys.argv[1:]))
