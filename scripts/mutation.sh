@@ -55,19 +55,18 @@ files=(
 # Each mutant is rebuilt before its suite, so the timeout is for the suite alone.
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-args=(-p ctlplane-core --test-package ctlplane-sim --cargo-test-arg=--test=suite --profile mutants
+args=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
       --in-place --output "$out" --baseline skip)
 for f in "${files[@]}"; do args+=(-f "$f"); done
 [[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
 
-# The copy: the checkout's files as they are now (committed or not), modification times
-# kept so that cargo rebuilds only what changed since the last run.
+# The copy: the checkout's files as they are now (committed or not); only files whose
+# content changed are written, so cargo rebuilds only what changed since the last run.
 tree="$root/target/mutation-tree"
 mkdir -p "$tree"
 exec 9>"$tree.lock"
 flock -n 9 || { echo "scripts/mutation.sh: another mutation job holds $tree.lock" >&2; exit 2; }
-find "$tree" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
-git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$tree"
+python3 scripts/mutation_tree.py "$root" "$tree"
 cd "$tree"
 
 export CTLSIM_SUITE_SEEDS="$seeds" CTLSIM_SUITE_THREADS="${CTLSIM_SUITE_THREADS:-2}" CTLSIM_SUITE_FAIL_FAST=1
