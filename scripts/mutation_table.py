@@ -4,24 +4,46 @@ outcomes.json: mutants, viable (it built), killed (the seeded suite failed), tim
 survivors, kill rate among the viable; then every survivor by name.
 
 Several outcomes.json files (the shards of one run) merge into one table; a mutant found
-in more than one file counts once, with its outcome in the last file named."""
+in more than one file counts once, with its outcome in the last file named.
+
+    mutation_table.py [--min-kill-rate PCT] OUTCOMES_JSON...
+
+Exit status: 0, 1 when the kill rate is below --min-kill-rate, 2 for an unreadable file."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 
-def main(paths: list[str]) -> int:
+@dataclass
+class Table:
+    """Counts per file, and the names of the mutants that survived or timed out."""
+
+    rows: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    survivors: list[str] = field(default_factory=list)
+    timeouts: list[str] = field(default_factory=list)
+
+    def total(self) -> dict[str, int]:
+        total: dict[str, int] = defaultdict(int)
+        for row in self.rows.values():
+            for k, v in row.items():
+                total[k] += v
+        return total
+
+    def kill_rate(self) -> float | None:
+        """Killed among the viable, in percent; None when nothing was viable."""
+        total = self.total()
+        return 100 * total["killed"] / total["viable"] if total["viable"] else None
+
+
+def merge(reports: list[dict]) -> Table:
+    """One table from the outcomes of several runs (a later report's outcome wins)."""
     outcomes: dict[str, tuple[str, str | None]] = {}
-    for path in paths:
-        try:
-            with open(path, encoding="utf-8") as f:
-                report = json.load(f)
-        except (OSError, ValueError) as e:
-            print(f"mutation_table.py: cannot read {path}: {e}", file=sys.stderr)
-            return 2
+    for report in reports:
         for outcome in report.get("outcomes", []):
             scenario = outcome.get("scenario")
             if not isinstance(scenario, dict) or "Mutant" not in scenario:
@@ -29,11 +51,9 @@ def main(paths: list[str]) -> int:
             mutant = scenario["Mutant"]
             name = mutant.get("name") or f"{mutant.get('file')}: {mutant.get('replacement')}"
             outcomes[name] = (mutant.get("file", "?"), outcome.get("summary"))
-    rows: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    survivors: list[str] = []
-    timeouts: list[str] = []
+    table = Table()
     for name, (file, summary) in outcomes.items():
-        row = rows[file]
+        row = table.rows[file]
         row["mutants"] += 1
         if summary == "Unviable":
             continue
@@ -42,25 +62,25 @@ def main(paths: list[str]) -> int:
             row["killed"] += 1
         elif summary == "Timeout":
             row["timeout"] += 1
-            timeouts.append(name)
+            table.timeouts.append(name)
         else:
             row["survived"] += 1
-            survivors.append(name)
-    total: dict[str, int] = defaultdict(int)
-    print("| file | mutants | viable | killed | timed out | survived | killed / viable |")
-    print("|---|---|---|---|---|---|---|")
-    for file in sorted(rows):
-        row = rows[file]
-        for k, v in row.items():
-            total[k] += v
-        print(line(file, row))
-    print(line("**all**", total))
-    for title, names in (("Survivors", survivors), ("Timed out", timeouts)):
+            table.survivors.append(name)
+    return table
+
+
+def render(table: Table) -> str:
+    lines = [
+        "| file | mutants | viable | killed | timed out | survived | killed / viable |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [line(file, table.rows[file]) for file in sorted(table.rows)]
+    lines.append(line("**all**", table.total()))
+    for title, names in (("Survivors", table.survivors), ("Timed out", table.timeouts)):
         if names:
-            print(f"\n{title} ({len(names)}):")
-            for name in sorted(names):
-                print(f"- {name}")
-    return 0
+            lines.append(f"\n{title} ({len(names)}):")
+            lines += [f"- {name}" for name in sorted(names)]
+    return "\n".join(lines)
 
 
 def line(file: str, row: dict[str, int]) -> str:
@@ -70,7 +90,28 @@ def line(file: str, row: dict[str, int]) -> str:
             f"{row['survived']} | {rate} |")
 
 
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mutation_table.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--min-kill-rate", type=float, default=None, metavar="PCT")
+    parser.add_argument("outcomes", nargs="+", metavar="OUTCOMES_JSON")
+    args = parser.parse_args(argv)
+    reports = []
+    for path in args.outcomes:
+        try:
+            with open(path, encoding="utf-8") as f:
+                reports.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"mutation_table.py: cannot read {path}: {e}", file=sys.stderr)
+            return 2
+    table = merge(reports)
+    print(render(table))
+    rate = table.kill_rate()
+    if args.min_kill_rate is not None and (rate is None or rate < args.min_kill_rate):
+        shown = "no viable mutant" if rate is None else f"{rate:.1f}%"
+        print(f"mutation_table.py: kill rate {shown} is below {args.min_kill_rate:g}%", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit("usage: mutation_table.py OUTCOMES_JSON...")
     sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,8 @@
 #      peers, pytest, maturin) unless it already has them;
 #   2. if python/pyproject.toml exists, builds the Python package and installs it into .venv;
 #   3. runs `cargo test --workspace` with CTLPLANE_PYTHON pointing at .venv's interpreter;
-#   4. runs `pytest python/tests` with .venv if that directory exists.
+#   4. runs `pytest python/tests` with .venv if that directory exists, then the scripts'
+#      own tests (`pytest scripts/tests`).
 #
 # Re-running it is safe and only redoes what is missing (the package is rebuilt every time,
 # since its sources may have changed). Any failing step stops the script with its status.
@@ -53,5 +54,8 @@ if [[ -d python/tests ]]; then
     step "pytest python/tests"
     "$venv/bin/pytest" python/tests
 fi
+
+step "pytest scripts/tests (the mutation job's table)"
+"$venv/bin/pytest" -q scripts/tests
 
 step "all tests passed"

@@ -1,0 +1,71 @@
+"""The mutation job's table (scripts/mutation_table.py): counts per file, shard merging and
+the kill-rate gate, on outcomes.json files shaped like cargo-mutants' own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mutation_table  # noqa: E402
+
+
+def outcome(file: str, line: int, summary: str) -> dict:
+    name = f"{file}:{line}:5: replace f -> bool with true"
+    return {"scenario": {"Mutant": {"name": name, "file": file}}, "summary": summary}
+
+
+def report(*outcomes: dict) -> dict:
+    return {"outcomes": [{"scenario": "Baseline", "summary": "Success"}, *outcomes]}
+
+
+def write(tmp_path: Path, name: str, data: dict) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_counts_per_file_leave_the_baseline_out() -> None:
+    table = mutation_table.merge([report(
+        outcome("a.rs", 1, "CaughtMutant"),
+        outcome("a.rs", 2, "MissedMutant"),
+        outcome("a.rs", 3, "Unviable"),
+        outcome("b.rs", 1, "Timeout"),
+    )])
+    assert dict(table.rows["a.rs"]) == {"mutants": 3, "viable": 2, "killed": 1, "survived": 1}
+    assert dict(table.rows["b.rs"]) == {"mutants": 1, "viable": 1, "timeout": 1}
+    assert table.survivors == ["a.rs:2:5: replace f -> bool with true"]
+    assert table.timeouts == ["b.rs:1:5: replace f -> bool with true"]
+    assert table.kill_rate() == 100 / 3
+
+
+def test_shards_merge_and_a_mutant_seen_twice_counts_once_with_its_last_outcome() -> None:
+    first = report(outcome("a.rs", 1, "MissedMutant"), outcome("a.rs", 2, "CaughtMutant"))
+    second = report(outcome("a.rs", 1, "CaughtMutant"), outcome("c.rs", 9, "CaughtMutant"))
+    table = mutation_table.merge([first, second])
+    assert table.total()["mutants"] == 3
+    assert table.total()["killed"] == 3
+    assert table.survivors == []
+    assert "| **all** | 3 | 3 | 3 | 0 | 0 | 100% |" in mutation_table.render(table)
+
+
+def test_the_gate_fails_below_the_rate_and_passes_at_it(tmp_path: Path, capsys) -> None:
+    path = write(tmp_path, "o.json", report(
+        outcome("a.rs", 1, "CaughtMutant"),
+        outcome("a.rs", 2, "CaughtMutant"),
+        outcome("a.rs", 3, "CaughtMutant"),
+        outcome("a.rs", 4, "MissedMutant"),
+    ))
+    assert mutation_table.main(["--min-kill-rate", "75", path]) == 0
+    assert mutation_table.main(["--min-kill-rate", "80", path]) == 1
+    assert "kill rate 75.0% is below 80%" in capsys.readouterr().err
+
+
+def test_an_unreadable_file_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    bad = write(tmp_path, "bad.json", {})
+    (tmp_path / "bad.json").write_text("{not json")
+    assert mutation_table.main([bad]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert mutation_table.main([str(tmp_path / "missing.json")]) == 2
