@@ -10,7 +10,7 @@
 //! State is thread-local: a simulation runs on one thread, and a sweep runs one simulation
 //! per thread at a time. [`reset`] clears it before a run.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -33,6 +33,23 @@ struct ClockState {
 
 thread_local! {
     static STATE: RefCell<ClockState> = RefCell::new(ClockState::default());
+    /// Reads of the clock by hosts since the engine's step began ([`SPIN_BUDGET`]).
+    static READS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Clock reads hosts may make within one step. Simulated time stands still inside a step,
+/// so a host that reads it this often is spinning: a loop that never awaits anything
+/// (say, a retry of a request its slot refuses at once) would hold the step, and the whole
+/// run, forever. The main job's steps read it a few hundred times at most.
+pub const SPIN_BUDGET: u64 = 1_000_000;
+
+/// The start of the panic message [`now`] raises past [`SPIN_BUDGET`]; the engine turns
+/// it into a `step-budget` verdict.
+pub const SPIN_MARK: &str = "spin:";
+
+/// A step begins: the spin budget starts afresh.
+pub fn begin_step() {
+    READS.with(|r| r.set(0));
 }
 
 /// Forget every deadline and byte count; called by the engine before a run.
@@ -44,7 +61,22 @@ pub fn reset() {
 ///
 /// Outside a host (the engine itself) use `Sim::elapsed` instead; this returns zero there.
 pub fn now() -> Instant {
-    Instant::from_nanos(turmoil::sim_elapsed().map_or(0, |d| d.as_nanos() as u64))
+    let reads = READS.with(|r| {
+        r.set(r.get() + 1);
+        r.get()
+    });
+    // Once: destructors that read the clock while the panic unwinds must not raise another.
+    let t = Instant::from_nanos(turmoil::sim_elapsed().map_or(0, |d| d.as_nanos() as u64));
+    if reads > SPIN_BUDGET && !std::thread::panicking() {
+        READS.with(|r| r.set(0));
+        // The verdict first: the panic stops the host, and turmoil may keep a host task's
+        // panic to itself.
+        let host = turmoil::current_host_addr().map_or_else(|| "engine".to_string(), |a| a.to_string());
+        let detail = format!("{SPIN_MARK} a host read the clock {reads} times in one step without letting time move");
+        crate::oracle::violate_at(t.as_nanos(), "step-budget", &host, detail.clone());
+        panic!("{detail}");
+    }
+    t
 }
 
 /// Sleep until `at`, registering the deadline so the engine does not jump past it.

@@ -128,6 +128,8 @@ pub async fn run(host: String) -> turmoil::Result {
             if let Some(limit) = request_timeout {
                 deadlines.entry(now + limit).or_default().push(id);
             }
+            let due = request_timeout.map_or(bind_at, |limit| bind_at.min(now + limit));
+            crate::push_returns::began(&host, incarnation, id, due);
             crate::trace::record(&host, what, &[("request", &req.id), ("batch", &id), ("items", &req.items.len())]);
         }
         while let Some(entry) = binds.first_entry().filter(|e| *e.key() <= now) {
@@ -199,6 +201,7 @@ pub async fn run(host: String) -> turmoil::Result {
                     format!("{batch} reported done, its source released, with {unsettled:?} still in flight"),
                 );
             }
+            crate::push_returns::done(&host, batch);
             batch_of.retain(|_, b| *b != batch);
             let request = batches.remove(&batch).unwrap_or(u64::MAX);
             if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {

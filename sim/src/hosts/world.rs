@@ -120,6 +120,8 @@ pub struct World {
     /// consumer index (capacity pressure refuses pushes by design: `delivery-after-heal`
     /// leaves requests that met it out).
     pub pool_full: Vec<(usize, Instant)>,
+    /// Pushes producers began and have not reported done (`push-returns`).
+    pub open_pushes: crate::push_returns::OpenPushes,
 }
 
 /// An item its producer reported pushed (see [`World::pushed`]).
@@ -190,6 +192,7 @@ impl World {
             kept: BTreeMap::new(),
             write_failed: BTreeSet::new(),
             pool_full: Vec::new(),
+            open_pushes: Default::default(),
         }
     }
 

@@ -1,0 +1,59 @@
+//! `push-returns`: every push a producer began is reported done.
+//!
+//! A push waits only on things that end: its encoder (the source is bound when it
+//! finishes), control replies (each request meets its client timeout), device writes
+//! (the device always returns) and, for a producer request that gave up, the settling of
+//! what it reserved. A batch still open long after its source was bound, or after its
+//! producer request gave it up, is one the coordinator forgot to finish: the caller's
+//! `push()` never returns, and everything that producer would release with it stays held.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ctlplane_core::ec::producer::BatchId;
+use ctlplane_core::time::Instant;
+
+use crate::hosts::world;
+use crate::oracle::violate_at;
+
+/// How long after its due point (source bound, or request given up) a push may stay
+/// open: a reserve and a complete meeting their client timeouts, queued behind the
+/// requests already on their shard's sockets, plus the longest write the world draws.
+pub const BOUND: Duration = Duration::from_secs(150);
+
+/// The pushes of live producer incarnations not yet reported done.
+#[derive(Clone, Debug, Default)]
+pub struct OpenPushes {
+    /// `(producer host, batch)` to `(incarnation, due)`.
+    open: BTreeMap<(String, u64), (u32, Instant)>,
+}
+
+/// A producer began `batch`; it is due to move on from `due` on.
+pub fn began(host: &str, incarnation: u32, batch: BatchId, due: Instant) {
+    world::with(|w| w.open_pushes.open.insert((host.to_string(), batch.get()), (incarnation, due)));
+}
+
+/// The producer's coordinator reported `batch` done.
+pub fn done(host: &str, batch: BatchId) {
+    world::with(|w| w.open_pushes.open.remove(&(host.to_string(), batch.get())));
+}
+
+/// At the end of the run: a push of a producer's current incarnation (a crash took the
+/// earlier incarnations' pushes with it) still open more than [`BOUND`] past its due point.
+pub fn check(end_ns: u64) {
+    let late: Vec<(String, String)> = world::with(|w| {
+        w.open_pushes
+            .open
+            .iter()
+            .filter(|((host, _), (incarnation, due))| {
+                w.incarnations.get(host) == Some(incarnation) && due.as_nanos() + BOUND.as_nanos() as u64 <= end_ns
+            })
+            .map(|((host, batch), (_, due))| {
+                (host.clone(), format!("batch#{batch} (due from {due}) never reported done: its push never returned"))
+            })
+            .collect()
+    });
+    for (host, detail) in late {
+        violate_at(end_ns, "push-returns", &host, detail);
+    }
+}
