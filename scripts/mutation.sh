@@ -5,7 +5,7 @@
 # the suite fails on it; the unit tests never run. A suite that outlives its timeout is
 # listed apart (a hang is not an oracle's verdict).
 #
-#   scripts/mutation.sh [--seeds N] [--shard K/N] [--out DIR]
+#   scripts/mutation.sh [--seeds N] [--shard K/N] [--out DIR] [--iterate]
 #
 #   --seeds  seeds of the suite per mutant (default 100)
 #   --shard  only the mutants i with i % N == K (default: all of them). The shards of one N
@@ -13,6 +13,10 @@
 #            then merge with `scripts/mutation_table.py SHARD_DIR/mutants.out/outcomes.json...`
 #   --out    output directory (default target/mutation); cargo-mutants writes
 #            DIR/mutants.out, this script DIR/table.md
+#   --iterate  resume or redo a run in DIR: mutants an earlier run there killed or found
+#            unviable are skipped, the rest (survivors, timeouts, untested) run again, and
+#            the table merges every run's outcomes (DIR/outcomes-*.json, oldest first). The
+#            oracles only grow stronger, so a kill stays a kill.
 #
 # Mutants are built in place in a copy of the checkout, target/mutation-tree, which keeps
 # its build between mutants and between runs: a mutant costs an incremental rebuild of
@@ -29,11 +33,13 @@ cd "$root"
 seeds=100
 shard=""
 out="target/mutation"
+iterate=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seeds) seeds="$2"; shift 2 ;;
         --shard) shard="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
+        --iterate) iterate=1; shift ;;
         *) echo "scripts/mutation.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
 done
@@ -59,6 +65,13 @@ args=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --pr
       --in-place --output "$out" --baseline skip)
 for f in "${files[@]}"; do args+=(-f "$f"); done
 [[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
+if [[ "$iterate" == 1 ]]; then
+    args+=(--iterate)
+    if [[ -f "$out/mutants.out/outcomes.json" ]]; then
+        n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
+        cp "$out/mutants.out/outcomes.json" "$out/outcomes-$(printf %03d "$n").json"
+    fi
+fi
 
 # The copy: the checkout's files as they are now (committed or not); only files whose
 # content changed are written, so cargo rebuilds only what changed since the last run.
@@ -89,4 +102,5 @@ case "$status" in
     *) echo "scripts/mutation.sh: cargo mutants failed with status $status" >&2; exit "$status" ;;
 esac
 cd "$root"
-python3 scripts/mutation_table.py "$out/mutants.out/outcomes.json" | tee "$out/table.md"
+shopt -s nullglob
+python3 scripts/mutation_table.py "$out"/outcomes-*.json "$out/mutants.out/outcomes.json" | tee "$out/table.md"
