@@ -35,6 +35,11 @@ use crate::{clock, oracle, trace};
 /// take hours of wall time (five times the most seen leaves room), so the run ends with a
 /// verdict instead of a hang.
 pub const STEP_BUDGET: u64 = 100_000;
+
+/// Steps finished by every run in this process. Nothing in a run reads it: a harness's
+/// watchdog does (`sim/tests/suite.rs`), to tell a step that never returns (a loop inside
+/// the core or a host that reads no clock) from a slow one.
+pub static STEPS_FINISHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Workload and faults run this long.
 pub const ACTIVE: Duration = Duration::from_secs(20);
 /// The run ends here: past the push-wait timeout of the last request, the retries of
@@ -232,6 +237,7 @@ fn run_world(
         clock::begin_step();
         let stepped = panic::catch_unwind(AssertUnwindSafe(|| sim.step()));
         steps += 1;
+        STEPS_FINISHED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t_ns = sim.elapsed().as_nanos() as u64;
         if steps > STEP_BUDGET {
             oracle::violate_at(

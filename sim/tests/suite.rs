@@ -4,11 +4,19 @@
 //! 2): every simulation keeps its state thread-local, so runs on different threads are
 //! independent. With `CTLSIM_SUITE_FAIL_FAST=1` no seed starts after one failed (the
 //! mutation job, `scripts/mutation.sh`: one verdict is enough to kill a mutant).
+//!
+//! A watchdog ends the suite with a verdict when no simulation step finishes for
+//! `CTLSIM_SUITE_STALL_SECS` (default 60) of wall time: a step that never returns (a loop
+//! inside the core or a host that never yields nor reads the clock) stops simulated time,
+//! and is a failure with its seeds to replay rather than a hang.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use ctlplane_sim::engine::RunConfig;
+use ctlplane_sim::engine::{RunConfig, STEPS_FINISHED};
 use ctlplane_sim::scenario::run;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -24,15 +32,21 @@ fn seeded_suite_of_the_full_topology_has_no_violations() {
     let next = Arc::new(AtomicU64::new(first));
     let failures = Arc::new(Mutex::new(Vec::new()));
     let sim_secs = Arc::new(Mutex::new(0f64));
+    let running: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+    let finished = Arc::new(AtomicBool::new(false));
+    watchdog(env("CTLSIM_SUITE_STALL_SECS", 60), running.clone(), finished.clone());
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (next, failures, sim_secs) = (next.clone(), failures.clone(), sim_secs.clone());
+            let running = running.clone();
             std::thread::spawn(move || loop {
                 let seed = next.fetch_add(1, Ordering::Relaxed);
                 if seed >= first + n || (fail_fast && !failures.lock().unwrap().is_empty()) {
                     return;
                 }
+                running.lock().unwrap().insert(seed);
                 let report = run(&RunConfig::new(seed));
+                running.lock().unwrap().remove(&seed);
                 *sim_secs.lock().unwrap() += report.sim_time.as_secs_f64();
                 assert!(report.steps > 100, "seed {seed}: the run did not run");
                 if !report.violations.is_empty() {
@@ -51,6 +65,7 @@ fn seeded_suite_of_the_full_topology_has_no_violations() {
     for h in handles {
         h.join().expect("a suite thread panicked");
     }
+    finished.store(true, Ordering::Relaxed);
     let mut failures = failures.lock().unwrap().clone();
     failures.sort();
     for (_, text) in &failures {
@@ -58,6 +73,36 @@ fn seeded_suite_of_the_full_topology_has_no_violations() {
     }
     eprintln!("{n} seeds, {:.0} simulated seconds, {} failing", sim_secs.lock().unwrap(), failures.len());
     assert!(failures.is_empty(), "{} of {n} seeds broke an oracle (see above)", failures.len());
+}
+
+/// Ends the process with a verdict when no step of any run finishes for `stall_secs`.
+fn watchdog(stall_secs: u64, running: Arc<Mutex<BTreeSet<u64>>>, finished: Arc<AtomicBool>) {
+    let stall = Duration::from_secs(stall_secs.max(1));
+    std::thread::spawn(move || {
+        let mut last = STEPS_FINISHED.load(Ordering::Relaxed);
+        let mut still = Duration::ZERO;
+        let tick = Duration::from_millis(500);
+        while !finished.load(Ordering::Relaxed) {
+            std::thread::sleep(tick);
+            let now = STEPS_FINISHED.load(Ordering::Relaxed);
+            still = if now == last { still + tick } else { Duration::ZERO };
+            last = now;
+            if still >= stall {
+                let seeds = running.lock().map(|r| r.iter().copied().collect::<Vec<_>>()).unwrap_or_default();
+                // Straight to stderr: the test harness's capture would go down with the process.
+                let mut err = std::io::stderr().lock();
+                for seed in &seeds {
+                    let _ = writeln!(
+                        err,
+                        "seed {seed}: step-budget: no simulation step finished in {stall:?} of wall time (a loop \
+                         that never yields holds a step); replay: ctlsim replay --seed {seed}"
+                    );
+                }
+                let _ = writeln!(err, "the seeded suite stalled on seeds {seeds:?}");
+                std::process::exit(101);
+            }
+        }
+    });
 }
 
 /// The oracles are not vacuous: a historical behaviour of the race catalogue switched on
