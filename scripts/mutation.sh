@@ -66,11 +66,24 @@ args=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --pr
 for f in "${files[@]}"; do args+=(-f "$f"); done
 [[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
 if [[ "$iterate" == 1 ]]; then
-    args+=(--iterate)
     if [[ -f "$out/mutants.out/outcomes.json" ]]; then
         n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
         cp "$out/mutants.out/outcomes.json" "$out/outcomes-$(printf %03d "$n").json"
     fi
+    # The shard's mutants less those an earlier run killed or found unviable, named one by
+    # one: cargo-mutants' own --iterate would shard the shorter list, a different sample.
+    shopt -s nullglob
+    cargo mutants "${args[@]}" --list >"$out/listed.txt"
+    only="$(python3 scripts/mutation_table.py --pending "$out/listed.txt" "$out"/outcomes-*.json)"
+    shopt -u nullglob
+    if [[ -z "$only" ]]; then
+        echo "== every mutant of this run in $out is judged already"
+        python3 scripts/mutation_table.py "$out"/outcomes-*.json | tee "$out/table.md"
+        exit 0
+    fi
+    args=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
+          --in-place --output "$out" --baseline skip --re "$only")
+    for f in "${files[@]}"; do args+=(-f "$f"); done
 fi
 
 # The copy: the checkout's files as they are now (committed or not); only files whose

@@ -7,6 +7,11 @@ Several outcomes.json files (the shards of one run) merge into one table; a muta
 in more than one file counts once, with its outcome in the last file named.
 
     mutation_table.py [--min-kill-rate PCT] OUTCOMES_JSON...
+    mutation_table.py --pending LISTED OUTCOMES_JSON...
+
+`--pending` prints, as one anchored regular expression for cargo-mutants' `--re`, the
+mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or unviable
+(empty when none is left): what a resumed run still has to judge.
 
 Exit status: 0, 1 when the kill rate is below --min-kill-rate, 2 for an unreadable file."""
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -69,6 +75,20 @@ def merge(reports: list[dict]) -> Table:
     return table
 
 
+def pending_regex(listed: list[str], reports: list[dict]) -> str:
+    """The listed mutants no report marks killed or unviable, as one anchored regex."""
+    done = {
+        outcome["scenario"]["Mutant"].get("name")
+        for report in reports
+        for outcome in report.get("outcomes", [])
+        if isinstance(outcome.get("scenario"), dict)
+        and "Mutant" in outcome["scenario"]
+        and outcome.get("summary") in ("CaughtMutant", "Unviable")
+    }
+    pending = [name for name in listed if name not in done]
+    return f"^({'|'.join(re.escape(name) for name in pending)})$" if pending else ""
+
+
 def render(table: Table) -> str:
     lines = [
         "| file | mutants | viable | killed | timed out | survived | killed / viable |",
@@ -93,8 +113,11 @@ def line(file: str, row: dict[str, int]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mutation_table.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--min-kill-rate", type=float, default=None, metavar="PCT")
-    parser.add_argument("outcomes", nargs="+", metavar="OUTCOMES_JSON")
+    parser.add_argument("--pending", default=None, metavar="LISTED")
+    parser.add_argument("outcomes", nargs="*", metavar="OUTCOMES_JSON")
     args = parser.parse_args(argv)
+    if args.pending is None and not args.outcomes:
+        parser.error("name at least one OUTCOMES_JSON")
     reports = []
     for path in args.outcomes:
         try:
@@ -103,6 +126,15 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError) as e:
             print(f"mutation_table.py: cannot read {path}: {e}", file=sys.stderr)
             return 2
+    if args.pending is not None:
+        try:
+            with open(args.pending, encoding="utf-8") as f:
+                listed = [line.strip() for line in f if line.strip()]
+        except OSError as e:
+            print(f"mutation_table.py: cannot read {args.pending}: {e}", file=sys.stderr)
+            return 2
+        print(pending_regex(listed, reports))
+        return 0
     table = merge(reports)
     print(render(table))
     rate = table.kill_rate()

@@ -4,6 +4,7 @@ the kill-rate gate, on outcomes.json files shaped like cargo-mutants' own."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -69,3 +70,21 @@ def test_an_unreadable_file_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert mutation_table.main([bad]) == 2
     assert "cannot read" in capsys.readouterr().err
     assert mutation_table.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_pending_names_what_no_run_killed_or_found_unviable(tmp_path: Path, capsys) -> None:
+    listed = [f"a.rs:{line}:5: replace f -> bool with true" for line in (1, 2, 3, 4)]
+    earlier = report(
+        outcome("a.rs", 1, "CaughtMutant"),
+        outcome("a.rs", 2, "MissedMutant"),
+        outcome("a.rs", 3, "Unviable"),
+    )
+    regex = mutation_table.pending_regex(listed, [earlier])
+    pattern = re.compile(regex)
+    assert [name for name in listed if pattern.search(name)] == [listed[1], listed[3]]
+    assert not pattern.search("a.rs:2:5: replace f -> bool with true and more")
+    assert mutation_table.pending_regex(listed[:1], [earlier]) == ""
+    path = tmp_path / "listed.txt"
+    path.write_text("\n".join(listed) + "\n")
+    assert mutation_table.main(["--pending", str(path), write(tmp_path, "o.json", earlier)]) == 0
+    assert capsys.readouterr().out.strip() == regex
