@@ -415,6 +415,13 @@ async fn write(
             crate::oracle::violate("write-owned", host, format!("{session}: {finding}"));
             Ok(())
         }
+        // A consumer granted a destination outside the memory it registered: on a real
+        // device the bytes land in whatever lies there. The device model refuses them, so
+        // the ledger judges the grant here.
+        Err(e @ ctlplane_core::ec::dataplane::DataPlaneError::OutOfRange { .. }) => {
+            crate::oracle::violate("write-owned", host, format!("{session}: {e}"));
+            Err(e.to_string())
+        }
         Err(e) => Err(e.to_string()),
     }
 }
