@@ -18,6 +18,7 @@ pub mod landed;
 pub mod oracle;
 pub mod p2p;
 pub mod perfetto;
+pub mod pool_full;
 pub mod push_returns;
 pub mod release;
 pub mod scenario;

@@ -308,6 +308,7 @@ async fn serve(
             }
         });
         crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
+        crate::pool_full::check(host, &frame, &reply, &shard.borrow());
         if step != ServeStep::Reply {
             return halted(shard);
         }
