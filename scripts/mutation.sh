@@ -61,9 +61,10 @@ files=(
 # Each mutant is rebuilt before its suite, so the timeout is for the suite alone.
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-args=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
+base=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
       --in-place --output "$out" --baseline skip)
-for f in "${files[@]}"; do args+=(-f "$f"); done
+for f in "${files[@]}"; do base+=(-f "$f"); done
+args=("${base[@]}")
 [[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
 if [[ "$iterate" == 1 ]]; then
     if [[ -f "$out/mutants.out/outcomes.json" ]]; then
@@ -81,9 +82,7 @@ if [[ "$iterate" == 1 ]]; then
         python3 scripts/mutation_table.py "$out"/outcomes-*.json | tee "$out/table.md"
         exit 0
     fi
-    args=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
-          --in-place --output "$out" --baseline skip --re "$only")
-    for f in "${files[@]}"; do args+=(-f "$f"); done
+    args=("${base[@]}" --re "$only")
 fi
 
 # The copy: the checkout's files as they are now (committed or not); only files whose

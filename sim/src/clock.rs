@@ -65,8 +65,8 @@ pub fn now() -> Instant {
         r.set(r.get() + 1);
         r.get()
     });
-    // Once: destructors that read the clock while the panic unwinds must not raise another.
     let t = Instant::from_nanos(turmoil::sim_elapsed().map_or(0, |d| d.as_nanos() as u64));
+    // Once: destructors that read the clock while the panic unwinds must not raise another.
     if reads > SPIN_BUDGET && !std::thread::panicking() {
         READS.with(|r| r.set(0));
         // The verdict first: the panic stops the host, and turmoil may keep a host task's

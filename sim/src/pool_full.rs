@@ -9,30 +9,23 @@
 //! item's refusal.
 
 use ctlplane_core::ec::slab::aligned_size;
+use ctlplane_core::ec::wire::{decode_reply, decode_request, Request};
 use ctlplane_core::ec::ReserveError;
-use serde_json::Value;
 
 use crate::hosts::world::Shard;
 
 /// The oracle's name.
 const ORACLE: &str = "pool-full-honest";
 
-/// `host` answered `frame` with `reply`; `shard` is its state after the answer.
+/// `host` answered `frame` with `reply`; `shard` is its state after the answer. Both are
+/// read with the core's own decoders.
 pub fn check(host: &str, frame: &[u8], reply: &[u8], shard: &Shard) {
-    let refusal = ReserveError::PoolFull.to_string();
-    if !reply.windows(refusal.len()).any(|w| w == refusal.as_bytes()) {
+    let Ok(Err(refusal)) = decode_reply(reply) else { return };
+    if refusal != ReserveError::PoolFull.to_string() {
         return;
     }
-    let Ok(request) = serde_json::from_slice::<Value>(frame) else { return };
-    if request.get("op").and_then(Value::as_str) != Some("reserve") {
-        return;
-    }
-    let nbytes = match request.get("nbytes") {
-        Some(Value::Number(n)) => n.as_u64(),
-        Some(Value::String(s)) => s.parse().ok(),
-        _ => None,
-    };
-    let Some(len) = nbytes.and_then(aligned_size).filter(|&len| len > 0) else { return };
+    let Ok(Request::Reserve(Ok(request))) = decode_request(frame, usize::MAX) else { return };
+    let Some(len) = aligned_size(request.nbytes).filter(|&len| len > 0) else { return };
     let book = shard.book();
     if let Some(block) = book.slab().free_blocks().find(|b| b.len >= len) {
         crate::oracle::violate(

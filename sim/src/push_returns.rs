@@ -25,17 +25,17 @@ pub const BOUND: Duration = Duration::from_secs(150);
 #[derive(Clone, Debug, Default)]
 pub struct OpenPushes {
     /// `(producer host, batch)` to `(incarnation, due)`.
-    open: BTreeMap<(String, u64), (u32, Instant)>,
+    open: BTreeMap<(String, BatchId), (u32, Instant)>,
 }
 
 /// A producer began `batch`; it is due to move on from `due` on.
 pub fn began(host: &str, incarnation: u32, batch: BatchId, due: Instant) {
-    world::with(|w| w.open_pushes.open.insert((host.to_string(), batch.get()), (incarnation, due)));
+    world::with(|w| w.open_pushes.open.insert((host.to_string(), batch), (incarnation, due)));
 }
 
 /// The producer's coordinator reported `batch` done.
 pub fn done(host: &str, batch: BatchId) {
-    world::with(|w| w.open_pushes.open.remove(&(host.to_string(), batch.get())));
+    world::with(|w| w.open_pushes.open.remove(&(host.to_string(), batch)));
 }
 
 /// At the end of the run: a push of a producer's current incarnation (a crash took the
@@ -49,7 +49,7 @@ pub fn check(end_ns: u64) {
                 w.incarnations.get(host) == Some(incarnation) && due.as_nanos() + BOUND.as_nanos() as u64 <= end_ns
             })
             .map(|((host, batch), (_, due))| {
-                (host.clone(), format!("batch#{batch} (due from {due}) never reported done: its push never returned"))
+                (host.clone(), format!("{batch} (due from {due}) never reported done: its push never returned"))
             })
             .collect()
     });
