@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use super::client::ControlClient;
 use super::world::{self, ItemFate};
 use crate::clock;
+use crate::records_reaped::{self, Finished};
 use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
 
 enum Msg {
@@ -49,6 +50,9 @@ struct Host {
     discovery: Rc<ControlClient>,
     cancels: BTreeMap<ConsumerId, Rc<ControlClient>>,
     tx: mpsc::UnboundedSender<Msg>,
+    workload: Rc<Vec<super::workload::Request>>,
+    /// Requests this incarnation finished (`records-reaped`).
+    finished: Vec<Finished>,
 }
 
 /// Runs the scheduler. A restart loses every request in flight (they die with the
@@ -98,7 +102,11 @@ pub async fn run(host: String) -> turmoil::Result {
         discovery,
         cancels,
         tx,
+        workload: workload.clone(),
+        finished: Vec::new(),
     };
+    let check_at = Instant::from_nanos(records_reaped::CHECK_AT.as_nanos() as u64);
+    let mut checked = false;
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());
 
     loop {
@@ -133,8 +141,18 @@ pub async fn run(host: String) -> turmoil::Result {
         if h.core.poll_timeout().is_some_and(|d| d <= now) {
             h.core.handle_timeout(now);
         }
+        if !checked && now >= check_at {
+            records_reaped::check(&h.name, &h.core, &h.finished, now);
+            checked = true;
+        }
         h.pump().await;
-        let wake = h.core.poll_timeout().into_iter().chain(workload.get(next).map(|r| r.at)).min();
+        let wake = h
+            .core
+            .poll_timeout()
+            .into_iter()
+            .chain(workload.get(next).map(|r| r.at))
+            .chain((!checked).then_some(check_at))
+            .min();
         let msg = match wake {
             Some(at) => tokio::select! {
                 biased;
@@ -266,10 +284,16 @@ impl Host {
                 };
                 world::with(|w| w.resolve_item(&transfer_id, fate, now));
             }
-            SchedulerEvent::RequestDone { request, .. } => {
+            SchedulerEvent::RequestDone { consumer, request } => {
                 self.colliders.remove(&request);
                 if let Some(r) = self.requests.remove(&request) {
                     crate::trace::record(host, "ec.request_done", &[("request", &r)]);
+                    let transfer_ids = self
+                        .workload
+                        .get(r)
+                        .map(|req| req.items.iter().map(|i| i.transfer_id.clone()).collect())
+                        .unwrap_or_default();
+                    self.finished.push(Finished { consumer, transfer_ids, at: now });
                 }
             }
             SchedulerEvent::Retire { consumer, mm_hash } => {
