@@ -105,7 +105,13 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
         }
         !event_path && !fault_windows(&path).iter().any(|&(from, to)| from < deadline_ms && to + settle_ms > at_ms)
     };
-    let eligible: Vec<bool> = w.workload.iter().map(alone).collect();
+    // A request its client aborted is not owed a delivery.
+    let eligible: Vec<bool> = w
+        .workload
+        .iter()
+        .zip(&w.requests)
+        .map(|(req, st)| !st.fates.contains(&Some(ItemFate::Aborted)) && alone(req))
+        .collect();
     let mut out = Vec::new();
     let mut judged = 0;
     for (r, (req, st)) in w.workload.iter().zip(&w.requests).enumerate() {

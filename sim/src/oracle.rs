@@ -190,8 +190,9 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
         // failed write fails its push by design).
         let settled = SETTLED.as_nanos() as u64;
         let writes_fail = w.knobs.device.fail_per_million > 0;
-        for req in w.workload.iter() {
-            if writes_fail || req.at.as_nanos() < settled {
+        for (req, st) in w.workload.iter().zip(&w.requests) {
+            // An aborted request's items are cancelled on its ranks: its push may fail.
+            if writes_fail || req.at.as_nanos() < settled || st.fates.contains(&Some(ItemFate::Aborted)) {
                 continue;
             }
             if w.rank_incarnations(req.consumer).iter().any(|(_, i)| *i != 0) {

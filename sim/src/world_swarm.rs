@@ -23,7 +23,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceConfig;
-use crate::hosts::workload::{RetryConfig, WorkloadConfig};
+use crate::hosts::workload::{AbortConfig, RetryConfig, WorkloadConfig};
 use crate::knobs::{ConsumerShutdown, Knobs, ProducerStalls};
 
 /// RNG stream of each setting (apart from every stream the fault plan and the hosts use).
@@ -47,6 +47,7 @@ mod stream {
     pub const COLLIDING: u64 = BASE + 16;
     pub const REQUEST_TIMEOUT: u64 = BASE + 17;
     pub const FRAME_LIMIT: u64 = BASE + 18;
+    pub const ABORT: u64 = BASE + 19;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -95,6 +96,13 @@ pub struct RetryDraw {
     pub per_mille: u32,
     pub after_ms: (u64, u64),
     pub encode_ms: (u64, u64),
+}
+
+/// Aborted requests (`WorkloadConfig::abort`), ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbortDraw {
+    pub per_mille: u32,
+    pub after_ms: (u64, u64),
 }
 
 /// Producer stalls (`Knobs::producer_stalls`), ms.
@@ -156,6 +164,10 @@ pub struct WorldSwarm {
     /// P2P peers run with the T2 lineage's frame limit (default: none).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub p2p_frame_limit: bool,
+    /// Clients abort some requests before they resolve: the scheduler finishes them and
+    /// cancels their items while the pushes may still be on the way (default: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abort: Option<AbortDraw>,
 }
 
 /// A clean consumer close (`Knobs::consumer_shutdown`), ms.
@@ -269,6 +281,11 @@ impl WorldSwarm {
         let colliding_per_mille = on(stream::COLLIDING, 0.25).map(|mut r| log_uniform(&mut r, 5, 300) as u32);
         let request_timeout_ms = on(stream::REQUEST_TIMEOUT, 0.15).map(|mut r| log_uniform(&mut r, 1_000, 120_000));
         let p2p_frame_limit = on(stream::FRAME_LIMIT, 0.4).is_some();
+        // From before the push lands to around the push wait.
+        let abort = on(stream::ABORT, 0.3).map(|mut r| {
+            let lo = log_uniform(&mut r, 1, 60_000);
+            AbortDraw { per_mille: log_uniform(&mut r, 5, 500) as u32, after_ms: (lo, lo + r.gen_range(0..=lo)) }
+        });
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -288,6 +305,7 @@ impl WorldSwarm {
             colliding_per_mille,
             request_timeout_ms,
             p2p_frame_limit,
+            abort,
         }
     }
 
@@ -314,6 +332,8 @@ impl WorldSwarm {
             after: (d(r.after_ms.0), d(r.after_ms.1)),
             encode: (d(r.encode_ms.0), d(r.encode_ms.1)),
         });
+        workload.abort =
+            self.abort.map(|a| AbortConfig { per_mille: a.per_mille, after: (d(a.after_ms.0), d(a.after_ms.1)) });
         let mut device = DeviceConfig::default();
         if let Some((setup, jitter)) = self.write_ms {
             device.setup = d(setup);
@@ -357,6 +377,7 @@ mod tests {
         assert!(worlds.iter().any(|w| w.encode_ms.is_some_and(|(_, hi)| hi > TTL_MS)));
         assert!(worlds.iter().any(|w| w.encode_ms.is_some_and(|(lo, hi)| lo < REFRESH_AGE_MS && hi > REFRESH_AGE_MS)));
         assert!(worlds.iter().any(|w| w.hashes.is_some() && w.sockets_per_shard.is_some()));
+        assert!(worlds.iter().any(|w| w.abort.is_some()) && worlds.iter().any(|w| w.abort.is_none()));
         assert!(worlds.iter().all(|w| !w.no_handshake_deadline && w.max_pending_events.is_none()));
         assert!(worlds.iter().all(|w| w.retry.is_none()));
         let exposed: Vec<WorldSwarm> = (0..50).map(|s| WorldSwarm::draw(s, Exposure::of("p2p-s5"))).collect();

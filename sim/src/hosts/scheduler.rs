@@ -53,6 +53,8 @@ struct Host {
     workload: Rc<Vec<super::workload::Request>>,
     /// Requests this incarnation finished (`records-reaped`).
     finished: Vec<Finished>,
+    /// Requests the client aborted: the core resolves none of their items any more.
+    aborted: BTreeSet<RequestId>,
 }
 
 /// Runs the scheduler. A restart loses every request in flight (they die with the
@@ -104,7 +106,13 @@ pub async fn run(host: String) -> turmoil::Result {
         tx,
         workload: workload.clone(),
         finished: Vec::new(),
+        aborted: BTreeSet::new(),
     };
+    // Client aborts, in time order (`WorkloadConfig::abort`).
+    let mut aborts: Vec<(Instant, usize)> =
+        workload.iter().enumerate().filter_map(|(r, req)| req.abort.map(|at| (at, r))).collect();
+    aborts.sort();
+    let mut next_abort = 0;
     let check_at = Instant::from_nanos(records_reaped::CHECK_AT.as_nanos() as u64);
     let mut checked = false;
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());
@@ -137,6 +145,10 @@ pub async fn run(host: String) -> turmoil::Result {
                 return std::future::pending().await;
             }
         }
+        while let Some(&(_, r)) = aborts.get(next_abort).filter(|(at, _)| *at <= now) {
+            next_abort += 1;
+            h.abort(r, now).await;
+        }
         h.core.handle_drain(now);
         if h.core.poll_timeout().is_some_and(|d| d <= now) {
             h.core.handle_timeout(now);
@@ -151,6 +163,7 @@ pub async fn run(host: String) -> turmoil::Result {
             .poll_timeout()
             .into_iter()
             .chain(workload.get(next).map(|r| r.at))
+            .chain(aborts.get(next_abort).map(|(at, _)| *at))
             .chain((!checked).then_some(check_at))
             .min();
         let msg = match wake {
@@ -179,6 +192,36 @@ pub async fn run(host: String) -> turmoil::Result {
 }
 
 impl Host {
+    /// The client gave up on workload request `r`: vLLM finishes the request, and the
+    /// scheduler must resolve none of its items afterwards (`request-aborted`).
+    async fn abort(&mut self, r: usize, now: Instant) {
+        let Some(id) = self.requests.iter().find(|(_, &w)| w == r).map(|(&id, _)| id) else {
+            return; // Resolved already, or lost with an earlier incarnation.
+        };
+        crate::trace::record(&self.name, "ec.request_aborted", &[("request", &r)]);
+        world::with(|w| {
+            let tids: Vec<String> = w
+                .workload
+                .get(r)
+                .map(|req| req.items.iter().map(|i| i.transfer_id.clone()).collect())
+                .unwrap_or_default();
+            for tid in tids {
+                w.resolve_item(&tid, ItemFate::Aborted, now);
+            }
+        });
+        self.aborted.insert(id);
+        self.core.finish_request(id, now);
+        self.pump().await;
+        if self.requests.contains_key(&id) {
+            crate::oracle::violate(
+                "request-aborted",
+                &self.name,
+                format!("request {r} was finished at {now} and the scheduler never reported it done"),
+            );
+            self.requests.remove(&id);
+        }
+    }
+
     /// Sends what the core asks (inline requests right here, the scheduler stalled until
     /// they end) and carries out what it reports, until it has nothing more.
     async fn pump(&mut self) {
@@ -260,6 +303,13 @@ impl Host {
                 }
                 crate::trace::record(host, "ec.load", &[("transfer_id", &transfer_id), ("loaded", &loaded)]);
                 self.core.report_load(consumer, &transfer_id, loaded, now);
+            }
+            SchedulerEvent::ItemDone { request, transfer_id, fate, .. } if self.aborted.contains(&request) => {
+                crate::oracle::violate(
+                    "request-aborted",
+                    host,
+                    format!("{transfer_id} of a request finished earlier (aborted) resolved {fate:?} afterwards"),
+                );
             }
             SchedulerEvent::ItemDone { request, transfer_id, fate, .. } if self.colliders.contains(&request) => {
                 // Only the colliding request fails; the first keeps the id.

@@ -39,6 +39,18 @@ pub struct WorkloadConfig {
     /// transfer ids may be client-supplied, so a retried request carries the same ids and
     /// its push runs on another producer while the first one is still on its way.
     pub retry: Option<RetryConfig>,
+    /// Requests the client gives up on before they resolve (`None`: none is aborted).
+    pub abort: Option<AbortConfig>,
+}
+
+/// Aborted requests: vLLM finishes a request whose client went away, its items still
+/// waiting; the scheduler cancels them while their pushes may still be on the way.
+#[derive(Clone, Debug)]
+pub struct AbortConfig {
+    /// Requests aborted, per mille.
+    pub per_mille: u32,
+    /// The abort comes this long after the request arrives (at least, at most).
+    pub after: (Duration, Duration),
 }
 
 /// Retried encoder calls: the same items pushed a second time by another producer.
@@ -75,6 +87,7 @@ impl Default for WorkloadConfig {
             min_encode: Duration::ZERO,
             late_wave: None,
             retry: None,
+            abort: None,
         }
     }
 }
@@ -94,6 +107,8 @@ pub struct Request {
     pub encode: Duration,
     /// A retried encoder call pushing the same items again (`WorkloadConfig::retry`).
     pub retry: Option<Retry>,
+    /// When the client aborts the request, if it does (`WorkloadConfig::abort`).
+    pub abort: Option<Instant>,
 }
 
 /// Draws the requests of a run, in arrival order.
@@ -114,7 +129,21 @@ pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &m
     if let Some(retry) = &config.retry {
         draw_retries(retry, producers, rng, &mut out);
     }
+    if let Some(abort) = &config.abort {
+        draw_aborts(abort, rng, &mut out);
+    }
     out
+}
+
+/// Marks the aborted requests, each `after` its arrival.
+fn draw_aborts(config: &AbortConfig, rng: &mut ChaCha8Rng, out: &mut [Request]) {
+    let (lo, hi) = (config.after.0.as_nanos() as u64, config.after.1.max(config.after.0).as_nanos() as u64);
+    for req in out.iter_mut() {
+        if rng.gen_range(0..1000) >= config.per_mille {
+            continue;
+        }
+        req.abort = Some(Instant::from_nanos(req.at.as_nanos() + rng.gen_range(lo..=hi)));
+    }
 }
 
 /// Marks the retried requests: each retry starts `after` its request, on another producer.
@@ -185,6 +214,7 @@ fn draw_wave(
                 config.min_encode.as_nanos() as u64..=config.max_encode.max(config.min_encode).as_nanos() as u64,
             )),
             retry: None,
+            abort: None,
         });
         t += Duration::from_nanos(rng.gen_range(0..=2 * gap_ns));
     }
@@ -245,5 +275,25 @@ mod tests {
             assert!(t.encode >= Duration::from_secs(150) && t.encode <= Duration::from_secs(151));
         }
         assert!(n > base.len() / 4 && n < base.len() * 3 / 4, "{n} of {}", base.len());
+    }
+
+    #[test]
+    fn aborts_mark_requests_within_their_window_and_leave_the_rest_as_drawn() {
+        let plain = WorkloadConfig::default();
+        let abort = AbortConfig { per_mille: 300, after: (Duration::from_millis(10), Duration::from_secs(2)) };
+        let cfg = WorkloadConfig { abort: Some(abort), ..plain.clone() };
+        let base = draw(&plain, 2, 2, &mut ChaCha8Rng::seed_from_u64(4));
+        let aborted = draw(&cfg, 2, 2, &mut ChaCha8Rng::seed_from_u64(4));
+        assert_eq!(base.len(), aborted.len());
+        let mut n = 0;
+        for (b, r) in base.iter().zip(&aborted) {
+            assert_eq!(Request { abort: None, ..r.clone() }, *b, "the requests themselves are unchanged");
+            let Some(at) = r.abort else { continue };
+            n += 1;
+            let after = at.as_nanos() - r.at.as_nanos();
+            assert!((10_000_000..=2_000_000_000).contains(&after), "{after}");
+        }
+        assert!(n > base.len() / 10 && n < base.len() / 2, "{n} of {}", base.len());
+        assert!(base.iter().all(|r| r.abort.is_none()), "no abort unless configured");
     }
 }
