@@ -23,6 +23,7 @@ pub mod push_returns;
 pub mod records_reaped;
 pub mod release;
 pub mod scenario;
+pub mod shard_counters;
 pub mod shrink;
 pub mod shutdown;
 pub mod sweep_record;

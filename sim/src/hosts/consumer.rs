@@ -89,7 +89,15 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
         w.event_ports.insert((spec.name.clone(), event_port), host.clone());
         w.ranks.insert(
             host.clone(),
-            Rank { shard: shard.clone(), incarnation, session: session.clone(), consumer, rank, owed: None },
+            Rank {
+                shard: shard.clone(),
+                incarnation,
+                session: session.clone(),
+                consumer,
+                rank,
+                owed: None,
+                answered: Default::default(),
+            },
         );
     });
     crate::trace::record(&host, "ec.shard.start", &[("incarnation", &incarnation), ("event_port", &event_port)]);
@@ -309,6 +317,7 @@ async fn serve(
         });
         crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
         crate::pool_full::check(host, &frame, &reply, &shard.borrow());
+        crate::shard_counters::note(host, &frame, &reply, &shard.borrow());
         if step != ServeStep::Reply {
             return halted(shard);
         }

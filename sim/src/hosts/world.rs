@@ -50,6 +50,8 @@ pub struct Rank {
     pub rank: u32,
     /// A request the REP took and has not answered: since when, and by when it must be.
     pub owed: Option<(Instant, Instant)>,
+    /// What it answered, counted from the wire (`shard-counters`).
+    pub answered: crate::shard_counters::Answered,
 }
 
 /// How an item of a request ended.
