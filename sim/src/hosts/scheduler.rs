@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use super::client::ControlClient;
 use super::world::{self, ItemFate};
+use crate::cancel_attempts::CancelLane;
 use crate::clock;
 use crate::records_reaped::{self, Finished};
 use crate::zmq::{Context, Socket, SocketOptions, SocketType, ZmqError};
@@ -55,6 +56,10 @@ struct Host {
     finished: Vec<Finished>,
     /// Requests the client aborted: the core resolves none of their items any more.
     aborted: BTreeSet<RequestId>,
+    /// Every consumer's cancel lane, and which lane each request in flight is on
+    /// (`cancel-attempts`).
+    lanes: BTreeMap<ConsumerId, CancelLane>,
+    in_flight: BTreeMap<Token, ConsumerId>,
 }
 
 /// Runs the scheduler. A restart loses every request in flight (they die with the
@@ -107,6 +112,8 @@ pub async fn run(host: String) -> turmoil::Result {
         workload: workload.clone(),
         finished: Vec::new(),
         aborted: BTreeSet::new(),
+        lanes: BTreeMap::new(),
+        in_flight: BTreeMap::new(),
     };
     // Client aborts, in time order (`WorkloadConfig::abort`).
     let mut aborts: Vec<(Instant, usize)> =
@@ -181,7 +188,12 @@ pub async fn run(host: String) -> turmoil::Result {
         let now = clock::now();
         for m in batch {
             match m {
-                Msg::Reply(token, reply) => h.core.handle_reply(token, reply, now),
+                Msg::Reply(token, reply) => {
+                    if let Some(c) = h.in_flight.remove(&token) {
+                        h.lanes.entry(c).or_default().answered(&h.name, reply.is_ok());
+                    }
+                    h.core.handle_reply(token, reply, now)
+                }
                 Msg::Event(consumer, frame) => match h.core.handle_event_frame(consumer, &frame, now) {
                     Ok(fate) => tracing::trace!(host = %h.name, ?fate, "readiness event"),
                     Err(e) => tracing::warn!(host = %h.name, error = %e, "EC event discarded"),
@@ -239,7 +251,11 @@ impl Host {
         let client = match t.lane {
             Lane::Discovery(_) => self.discovery.clone(),
             Lane::Cancel(c) => match self.cancels.get(&c) {
-                Some(client) => client.clone(),
+                Some(client) => {
+                    self.lanes.entry(c).or_default().sent(&self.name, &t.addr, &t.frame);
+                    self.in_flight.insert(t.token, c);
+                    client.clone()
+                }
                 None => return,
             },
         };
@@ -257,6 +273,9 @@ impl Host {
                 &[("consumer", &consumer), ("ms", &blocked_ms), ("ok", &reply.is_ok())],
             );
             world::with(|w| w.count("scheduler.drain_blocked_ms", blocked_ms));
+            if let Some(c) = self.in_flight.remove(&t.token) {
+                self.lanes.entry(c).or_default().answered(&self.name, reply.is_ok());
+            }
             self.core.handle_reply(t.token, reply, clock::now());
             return;
         }
@@ -355,7 +374,8 @@ impl Host {
                     }
                 }
             }
-            SchedulerEvent::Released { transfer_id, gave_up, .. } => {
+            SchedulerEvent::Released { consumer, transfer_id, gave_up, .. } => {
+                self.lanes.entry(consumer).or_default().job_ended(host);
                 let failed = gave_up.len() as u64;
                 world::with(|w| {
                     w.count("cancel.sent", 1);
@@ -367,7 +387,10 @@ impl Host {
                     &[("transfer_id", &transfer_id), ("failed_shards", &failed)],
                 );
             }
-            SchedulerEvent::Undiscovered { .. } => world::with(|w| w.count("cancel.undiscovered", 1)),
+            SchedulerEvent::Undiscovered { consumer, .. } => {
+                self.lanes.entry(consumer).or_default().job_ended(host);
+                world::with(|w| w.count("cancel.undiscovered", 1))
+            }
         }
     }
 }

@@ -1,0 +1,116 @@
+//! `cancel-attempts`: the scheduler's remote cancel tries each request as often as the
+//! reference says, no more and no fewer (ec-behaviour.md §6.5: `peers` up to
+//! [`DISCOVERY_ATTEMPTS`] times, each shard's cancel up to [`CANCEL_ATTEMPTS`] times, then
+//! the shard is given up and keeps the transfer until its TTL).
+//!
+//! A cancel given up too early leaves a reservation to its TTL after one lost reply; one
+//! retried past its bound holds the consumer's cancel lane (every later cancel waits
+//! behind it). Neither changes a request's fate, so only counting shows them. A lane
+//! carries one request at a time, so its requests form one sequence: a request that failed
+//! is followed by the same request (a retry) until the bound, and by another only once the
+//! bound is reached. Counted from what the host sends and receives, with the bounds named
+//! here.
+
+use ctlplane_core::ec::producer::CANCEL_ATTEMPTS;
+use ctlplane_core::ec::topology::DISCOVERY_ATTEMPTS;
+use ctlplane_core::ec::wire::{decode_request, Request};
+
+use crate::oracle::violate;
+
+/// The oracle's name.
+const ORACLE: &str = "cancel-attempts";
+
+/// One request on the lane and how it went.
+#[derive(Clone, Debug)]
+struct Sent {
+    addr: String,
+    frame: Vec<u8>,
+    /// Which attempt of its request this is (1 = first).
+    attempt: u32,
+    /// The bound of its kind.
+    limit: u32,
+    /// `None` while in flight; `Some(true)` when it failed (no reply, or an error reply).
+    failed: Option<bool>,
+    /// Its job was reported ended: the next request starts afresh.
+    closed: bool,
+}
+
+/// One consumer's cancel lane, as the scheduler host sees it.
+#[derive(Clone, Debug, Default)]
+pub struct CancelLane {
+    last: Option<Sent>,
+}
+
+impl CancelLane {
+    /// The core sent `frame` to `addr` on this lane.
+    pub fn sent(&mut self, host: &str, addr: &str, frame: &[u8]) {
+        let limit = match decode_request(frame, usize::MAX) {
+            Ok(Request::Peers) => DISCOVERY_ATTEMPTS,
+            _ => CANCEL_ATTEMPTS,
+        };
+        let mut attempt = 1;
+        if let Some(prev) = self.last.take() {
+            let same = prev.addr == addr && prev.frame == frame;
+            if prev.failed == Some(true) && !prev.closed {
+                if same {
+                    attempt = prev.attempt + 1;
+                } else if prev.attempt < prev.limit {
+                    gave_up_early(host, &prev);
+                }
+            }
+        }
+        self.last =
+            Some(Sent { addr: addr.to_string(), frame: frame.to_vec(), attempt, limit, failed: None, closed: false });
+    }
+
+    /// The request in flight was answered (`ok`) or failed.
+    pub fn answered(&mut self, host: &str, ok: bool) {
+        let Some(s) = self.last.as_mut() else { return };
+        s.failed = Some(!ok);
+        if s.attempt > s.limit {
+            violate(
+                ORACLE,
+                host,
+                format!("{} sent to {} {} times; the bound is {}", describe(&s.frame), s.addr, s.attempt, s.limit),
+            );
+        }
+    }
+
+    /// The core reported the lane's job done (released, or its shards undiscovered). The
+    /// next job's first request may already be in flight: it was handed out in the same
+    /// step, before the report.
+    pub fn job_ended(&mut self, host: &str) {
+        let Some(s) = self.last.as_mut() else { return };
+        match s.failed {
+            None => s.attempt = 1,
+            Some(failed) => {
+                if failed && s.attempt < s.limit {
+                    gave_up_early(host, s);
+                }
+                s.closed = true;
+            }
+        }
+    }
+}
+
+fn gave_up_early(host: &str, s: &Sent) {
+    violate(
+        ORACLE,
+        host,
+        format!(
+            "{} to {} given up after {} failed attempt(s); the bound is {}",
+            describe(&s.frame),
+            s.addr,
+            s.attempt,
+            s.limit
+        ),
+    );
+}
+
+fn describe(frame: &[u8]) -> String {
+    match decode_request(frame, usize::MAX) {
+        Ok(Request::Peers) => "peers".to_string(),
+        Ok(Request::Cancel { transfer_id, .. }) => format!("cancel of {transfer_id}"),
+        _ => "a request".to_string(),
+    }
+}
