@@ -11,9 +11,12 @@
 //! bound is reached. Counted from what the host sends and receives, with the bounds named
 //! here.
 
-use ctlplane_core::ec::producer::CANCEL_ATTEMPTS;
+use std::collections::BTreeMap;
+
+use ctlplane_core::ec::producer::{Token, CANCEL_ATTEMPTS};
 use ctlplane_core::ec::topology::DISCOVERY_ATTEMPTS;
 use ctlplane_core::ec::wire::{decode_request, Request};
+use serde_json::Value;
 
 use crate::oracle::violate;
 
@@ -112,5 +115,50 @@ fn describe(frame: &[u8]) -> String {
         Ok(Request::Peers) => "peers".to_string(),
         Ok(Request::Cancel { transfer_id, .. }) => format!("cancel of {transfer_id}"),
         _ => "a request".to_string(),
+    }
+}
+
+/// A producer's cancels (abandons, refreshes, cleanups), as its host sees them: a cancel
+/// that failed (no reply, an error, or `cancelled` not true) is retried with the same
+/// frame to the same shard, at most [`CANCEL_ATTEMPTS`] times in all (ec-behaviour.md
+/// §3.9). The producer runs many requests at once, so its cancels are told apart by
+/// shard and frame (one transfer id per item, one grant per shard).
+#[derive(Clone, Debug, Default)]
+pub struct ProducerCancels {
+    /// (shard, frame) to (attempts in a row, whether the last one failed; `None` in flight).
+    tries: BTreeMap<(String, Vec<u8>), (u32, Option<bool>)>,
+    in_flight: BTreeMap<Token, (String, Vec<u8>)>,
+}
+
+impl ProducerCancels {
+    /// The producer sent `frame` to `addr` as request `token`.
+    pub fn sent(&mut self, host: &str, token: Token, addr: &str, frame: &[u8]) {
+        let Ok(Request::Cancel { .. }) = decode_request(frame, usize::MAX) else { return };
+        let key = (addr.to_string(), frame.to_vec());
+        let entry = self.tries.entry(key.clone()).or_insert((0, Some(false)));
+        // A repeat of a failed cancel is its retry; anything else starts afresh.
+        entry.0 = if entry.1 == Some(true) { entry.0 + 1 } else { 1 };
+        entry.1 = None;
+        if entry.0 > CANCEL_ATTEMPTS {
+            violate(
+                ORACLE,
+                host,
+                format!(
+                    "{} sent to {addr} {} times in a row after failures; the bound is {CANCEL_ATTEMPTS}",
+                    describe(frame),
+                    entry.0
+                ),
+            );
+        }
+        self.in_flight.insert(token, key);
+    }
+
+    /// Request `token` was answered with `reply`.
+    pub fn answered(&mut self, token: Token, reply: &Result<Value, String>) {
+        let Some(key) = self.in_flight.remove(&token) else { return };
+        let cancelled = matches!(reply, Ok(v) if v.get("cancelled") == Some(&Value::Bool(true)));
+        if let Some(entry) = self.tries.get_mut(&key) {
+            entry.1 = Some(!cancelled);
+        }
     }
 }

@@ -71,6 +71,8 @@ pub async fn run(host: String) -> turmoil::Result {
     // write handed out and not yet answered.
     let mut batch_of: BTreeMap<String, BatchId> = BTreeMap::new();
     let mut outstanding: BTreeMap<Token, (BatchId, &'static str)> = BTreeMap::new();
+    // Cancel retries (`cancel-attempts`).
+    let mut cancels = crate::cancel_attempts::ProducerCancels::default();
     let (tx, mut rx) = mpsc::unbounded_channel::<Answer>();
     let start = clock::now();
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());
@@ -151,6 +153,7 @@ pub async fn run(host: String) -> turmoil::Result {
             match t {
                 Transmit::Request { token, addr, frame } => {
                     crate::release::note_sent(&addr, &frame);
+                    cancels.sent(&host, token, &addr, &frame);
                     if let Some((op, batch)) = batch_of_frame(&frame, &batch_of) {
                         outstanding.insert(token, (batch, op));
                     }
@@ -279,6 +282,7 @@ pub async fn run(host: String) -> turmoil::Result {
             match a {
                 Answer::Reply(token, reply) => {
                     outstanding.remove(&token);
+                    cancels.answered(token, &reply);
                     if let Some(slot) = carried_by.remove(&token) {
                         socket_busy.remove(&slot);
                     }
