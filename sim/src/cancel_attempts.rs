@@ -11,7 +11,7 @@
 //! bound is reached. Counted from what the host sends and receives, with the bounds named
 //! here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ctlplane_core::ec::producer::{Token, CANCEL_ATTEMPTS};
 use ctlplane_core::ec::topology::DISCOVERY_ATTEMPTS;
@@ -151,6 +151,34 @@ impl ProducerCancels {
             );
         }
         self.in_flight.insert(token, key);
+    }
+
+    /// A batch pushing `transfer_ids` reported done: none of its cancels will be retried
+    /// any more, so one that failed fewer times than the bound was given up early.
+    pub fn batch_done<'a>(&mut self, host: &str, transfer_ids: impl IntoIterator<Item = &'a str>) {
+        let tids: BTreeSet<&str> = transfer_ids.into_iter().collect();
+        let mut done = Vec::new();
+        for (key, &(attempts, failed)) in &self.tries {
+            let Ok(Request::Cancel { transfer_id, .. }) = decode_request(&key.1, usize::MAX) else { continue };
+            if !tids.contains(transfer_id.as_str()) {
+                continue;
+            }
+            if failed == Some(true) && attempts < CANCEL_ATTEMPTS {
+                violate(
+                    ORACLE,
+                    host,
+                    format!(
+                        "{} to {} given up after {attempts} failed attempt(s); the bound is {CANCEL_ATTEMPTS}",
+                        describe(&key.1),
+                        key.0
+                    ),
+                );
+            }
+            done.push(key.clone());
+        }
+        for key in done {
+            self.tries.remove(&key);
+        }
     }
 
     /// Request `token` was answered with `reply`.

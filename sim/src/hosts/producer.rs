@@ -205,6 +205,7 @@ pub async fn run(host: String) -> turmoil::Result {
                 );
             }
             crate::push_returns::done(&host, batch);
+            cancels.batch_done(&host, batch_of.iter().filter(|(_, b)| **b == batch).map(|(t, _)| t.as_str()));
             batch_of.retain(|_, b| *b != batch);
             let request = batches.remove(&batch).unwrap_or(u64::MAX);
             if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {
