@@ -371,6 +371,7 @@ impl Host {
                 for rank in &ranks {
                     if let Some(s) = world::with(|w| w.shard(rank)) {
                         s.borrow_mut().retire(&mm_hash);
+                        check_retired(rank, &s.borrow(), &mm_hash);
                     }
                 }
             }
@@ -433,6 +434,21 @@ fn abort_unresolved(now: Instant) {
             w.resolve_item(&tid, ItemFate::Aborted, now);
         }
     });
+}
+
+/// Oracle `retire-unpins`: once the encoder cache dropped `mm_hash`, no resident copy
+/// of it stays pinned on the rank (ec-behaviour.md §6.4: its memory becomes evictable). A
+/// copy pinned for good is memory the rank never gets back: pool pressure would excuse
+/// every push it refuses afterwards.
+fn check_retired(rank: &str, shard: &world::Shard, mm_hash: &str) {
+    let pinned = shard.book().resident().entries().filter(|(_, e)| &*e.mm_hash == mm_hash && e.pinned).count();
+    if pinned > 0 {
+        crate::oracle::violate(
+            "retire-unpins",
+            rank,
+            format!("{pinned} resident copies of {mm_hash} still pinned after the encoder cache dropped it"),
+        );
+    }
 }
 
 /// Oracle: the core accepted an item only after every rank published its readiness.
