@@ -52,8 +52,8 @@ struct Host {
     cancels: BTreeMap<ConsumerId, Rc<ControlClient>>,
     tx: mpsc::UnboundedSender<Msg>,
     workload: Rc<Vec<super::workload::Request>>,
-    /// Requests this incarnation finished (`records-reaped`).
-    finished: Vec<Finished>,
+    /// Items of the requests this incarnation finished (`records-reaped`, `records-kept`).
+    finished: Finished,
     /// Requests the client aborted: the core resolves none of their items any more.
     aborted: BTreeSet<RequestId>,
     /// Every consumer's cancel lane, and which lane each request in flight is on
@@ -110,7 +110,7 @@ pub async fn run(host: String) -> turmoil::Result {
         cancels,
         tx,
         workload: workload.clone(),
-        finished: Vec::new(),
+        finished: Finished::default(),
         aborted: BTreeSet::new(),
         lanes: BTreeMap::new(),
         in_flight: BTreeMap::new(),
@@ -161,7 +161,7 @@ pub async fn run(host: String) -> turmoil::Result {
             h.core.handle_timeout(now);
         }
         if !checked && now >= check_at {
-            records_reaped::check(&h.name, &h.core, &h.finished, now);
+            h.finished.check_reaped(&h.name, &h.core, now);
             checked = true;
         }
         h.pump().await;
@@ -306,6 +306,7 @@ impl Host {
                 Err(e) => self.core.subscribe_failed(consumer, &e),
             },
             SchedulerEvent::Ready { consumer, transfer_id, .. } => {
+                self.finished.check_available(host, &transfer_id, now);
                 if let Some(c) = self.consumers.get(&consumer) {
                     check_every_shard_published(host, c.index, &c.ranks, &transfer_id);
                 }
@@ -357,12 +358,9 @@ impl Host {
                 self.colliders.remove(&request);
                 if let Some(r) = self.requests.remove(&request) {
                     crate::trace::record(host, "ec.request_done", &[("request", &r)]);
-                    let transfer_ids = self
-                        .workload
-                        .get(r)
-                        .map(|req| req.items.iter().map(|i| i.transfer_id.clone()).collect())
-                        .unwrap_or_default();
-                    self.finished.push(Finished { consumer, transfer_ids, at: now });
+                    if let Some(req) = self.workload.get(r) {
+                        self.finished.note(consumer, req.items.iter().map(|i| i.transfer_id.as_str()), now);
+                    }
                 }
             }
             SchedulerEvent::Retire { consumer, mm_hash } => {
