@@ -123,7 +123,7 @@ impl World {
 
     fn deliver(&mut self, t: Transmit) {
         match t {
-            Transmit::Request { token, addr, frame } => {
+            Transmit::Request { token, addr, frame, .. } => {
                 let request: Value = serde_json::from_slice(&frame).expect("requests are JSON");
                 self.sent.push((addr.clone(), request.clone()));
                 let fault = (self.hook)(&mut self.shards, &addr, &request);

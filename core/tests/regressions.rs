@@ -430,7 +430,7 @@ impl World {
 
     fn deliver(&mut self, t: Transmit) {
         match t {
-            Transmit::Request { token, addr, frame } => {
+            Transmit::Request { token, addr, frame, .. } => {
                 let request: Value = serde_json::from_slice(&frame).unwrap();
                 self.sent.push((addr.clone(), request.clone()));
                 let fate = (self.rule)(&addr, &request);

@@ -11,9 +11,9 @@
 //! bound is reached. Counted from what the host sends and receives, with the bounds named
 //! here.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use ctlplane_core::ec::producer::{Token, CANCEL_ATTEMPTS};
+use ctlplane_core::ec::producer::{BatchId, Token, CANCEL_ATTEMPTS};
 use ctlplane_core::ec::topology::DISCOVERY_ATTEMPTS;
 use ctlplane_core::ec::wire::{decode_request, Request};
 use serde_json::Value;
@@ -118,33 +118,55 @@ fn describe(frame: &[u8]) -> String {
     }
 }
 
-/// A producer's cancels (abandons, refreshes, cleanups), as its host sees them: a cancel
-/// that failed (no reply, an error, or `cancelled` not true) is retried with the same
-/// frame to the same shard, at most [`CANCEL_ATTEMPTS`] times in all (ec-behaviour.md
-/// §3.9). The producer runs many requests at once, so its cancels are told apart by
-/// shard and frame (one transfer id per item, one grant per shard).
+/// A producer's retried requests, as its host sees them: a cancel (abandon, refresh,
+/// cleanup) that failed (no reply, an error, or `cancelled` not true) is sent again to the
+/// same shard, [`CANCEL_ATTEMPTS`] times in all, and a `peers` that failed (no reply or
+/// an error) up to [`DISCOVERY_ATTEMPTS`] times (ec-behaviour.md §3.9, §4.1). Each batch
+/// retries its own requests, so they are told apart by batch, address and frame.
 #[derive(Clone, Debug, Default)]
-pub struct ProducerCancels {
-    /// (shard, frame) to (attempts in a row, whether the last one failed; `None` in flight).
-    tries: BTreeMap<(String, Vec<u8>), (u32, Option<bool>)>,
-    in_flight: BTreeMap<Token, (String, Vec<u8>)>,
+pub struct ProducerRetries {
+    /// (batch, address, frame) to (attempts in a row, whether the last one failed; `None`
+    /// in flight).
+    tries: BTreeMap<Key, (u32, Option<bool>)>,
+    in_flight: BTreeMap<Token, Key>,
+    /// The S8 regression answers a failed `peers` with the base address instead of a
+    /// retry: its discovery is not judged.
+    judge_peers: bool,
 }
 
-impl ProducerCancels {
-    /// The producer sent `frame` to `addr` as request `token`.
-    pub fn sent(&mut self, host: &str, token: Token, addr: &str, frame: &[u8]) {
-        let Ok(Request::Cancel { .. }) = decode_request(frame, usize::MAX) else { return };
-        let key = (addr.to_string(), frame.to_vec());
+/// A producer's request: its batch, address and frame.
+type Key = (BatchId, String, Vec<u8>);
+
+/// A request the producer retries, and its bound.
+fn bound(frame: &[u8], judge_peers: bool) -> Option<u32> {
+    match decode_request(frame, usize::MAX) {
+        Ok(Request::Cancel { .. }) => Some(CANCEL_ATTEMPTS),
+        Ok(Request::Peers) if judge_peers => Some(DISCOVERY_ATTEMPTS),
+        _ => None,
+    }
+}
+
+impl ProducerRetries {
+    /// `judge_peers`: whether failed discoveries are retried (every world but the S8
+    /// regression's).
+    pub fn new(judge_peers: bool) -> Self {
+        ProducerRetries { judge_peers, ..ProducerRetries::default() }
+    }
+
+    /// The producer sent `frame` to `addr` for `batch` as request `token`.
+    pub fn sent(&mut self, host: &str, token: Token, batch: BatchId, addr: &str, frame: &[u8]) {
+        let Some(limit) = bound(frame, self.judge_peers) else { return };
+        let key = (batch, addr.to_string(), frame.to_vec());
         let entry = self.tries.entry(key.clone()).or_insert((0, Some(false)));
-        // A repeat of a failed cancel is its retry; anything else starts afresh.
+        // A repeat of a failed request is its retry; anything else starts afresh.
         entry.0 = if entry.1 == Some(true) { entry.0 + 1 } else { 1 };
         entry.1 = None;
-        if entry.0 > CANCEL_ATTEMPTS {
+        if entry.0 > limit {
             violate(
                 ORACLE,
                 host,
                 format!(
-                    "{} sent to {addr} {} times in a row after failures; the bound is {CANCEL_ATTEMPTS}",
+                    "{} sent to {addr} {} times in a row after failures by {batch}; the bound is {limit}",
                     describe(frame),
                     entry.0
                 ),
@@ -153,40 +175,41 @@ impl ProducerCancels {
         self.in_flight.insert(token, key);
     }
 
-    /// A batch pushing `transfer_ids` reported done: none of its cancels will be retried
-    /// any more, so one that failed fewer times than the bound was given up early.
-    pub fn batch_done<'a>(&mut self, host: &str, transfer_ids: impl IntoIterator<Item = &'a str>) {
-        let tids: BTreeSet<&str> = transfer_ids.into_iter().collect();
-        let mut done = Vec::new();
-        for (key, &(attempts, failed)) in &self.tries {
-            let Ok(Request::Cancel { transfer_id, .. }) = decode_request(&key.1, usize::MAX) else { continue };
-            if !tids.contains(transfer_id.as_str()) {
-                continue;
-            }
-            if failed == Some(true) && attempts < CANCEL_ATTEMPTS {
+    /// Request `token` was answered with `reply`.
+    pub fn answered(&mut self, token: Token, reply: &Result<Value, String>) {
+        let Some(key) = self.in_flight.remove(&token) else { return };
+        let failed = match decode_request(&key.2, usize::MAX) {
+            Ok(Request::Cancel { .. }) => !matches!(reply, Ok(v) if v.get("cancelled") == Some(&Value::Bool(true))),
+            _ => reply.is_err(),
+        };
+        if let Some(entry) = self.tries.get_mut(&key) {
+            entry.1 = Some(failed);
+        }
+    }
+
+    /// `batch` reported done: none of its requests will be retried any more, so one that
+    /// failed fewer times than its bound was given up early.
+    pub fn batch_done(&mut self, host: &str, batch: BatchId) {
+        let keys: Vec<Key> = self
+            .tries
+            .range((batch, String::new(), Vec::new())..)
+            .take_while(|(k, _)| k.0 == batch)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let Some((attempts, failed)) = self.tries.remove(&key) else { continue };
+            let limit = bound(&key.2, self.judge_peers).unwrap_or(0);
+            if failed == Some(true) && attempts < limit {
                 violate(
                     ORACLE,
                     host,
                     format!(
-                        "{} to {} given up after {attempts} failed attempt(s); the bound is {CANCEL_ATTEMPTS}",
-                        describe(&key.1),
-                        key.0
+                        "{} to {} given up by {batch} after {attempts} failed attempt(s); the bound is {limit}",
+                        describe(&key.2),
+                        key.1
                     ),
                 );
             }
-            done.push(key.clone());
-        }
-        for key in done {
-            self.tries.remove(&key);
-        }
-    }
-
-    /// Request `token` was answered with `reply`.
-    pub fn answered(&mut self, token: Token, reply: &Result<Value, String>) {
-        let Some(key) = self.in_flight.remove(&token) else { return };
-        let cancelled = matches!(reply, Ok(v) if v.get("cancelled") == Some(&Value::Bool(true)));
-        if let Some(entry) = self.tries.get_mut(&key) {
-            entry.1 = Some(!cancelled);
         }
     }
 }

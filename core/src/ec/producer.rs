@@ -180,9 +180,9 @@ pub struct ItemRef {
 /// Something the driver must do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transmit {
-    /// Send `frame` to the control server at `addr`; answer with
+    /// Send `frame` to the control server at `addr` for `batch`; answer with
     /// [`PushCoordinator::handle_reply`].
-    Request { token: Token, addr: String, frame: Vec<u8> },
+    Request { token: Token, batch: BatchId, addr: String, frame: Vec<u8> },
     /// Write the first `nbytes` of `item`'s source to `dst_ptr` in `session`; answer with
     /// [`PushCoordinator::handle_write`].
     Write { token: Token, session: String, dst_ptr: u64, nbytes: u64, item: ItemRef },
@@ -1171,7 +1171,7 @@ impl PushCoordinator {
                 self.next_token += 1;
                 let token = Token(self.next_token);
                 let transmit = match op.what {
-                    NewTransmit::Request { addr, frame } => Transmit::Request { token, addr, frame },
+                    NewTransmit::Request { addr, frame } => Transmit::Request { token, batch: id, addr, frame },
                     NewTransmit::Write { session, dst_ptr, nbytes, index } => {
                         Transmit::Write { token, session, dst_ptr, nbytes, item: ItemRef { batch: id, index } }
                     }

@@ -71,8 +71,8 @@ pub async fn run(host: String) -> turmoil::Result {
     // write handed out and not yet answered.
     let mut batch_of: BTreeMap<String, BatchId> = BTreeMap::new();
     let mut outstanding: BTreeMap<Token, (BatchId, &'static str)> = BTreeMap::new();
-    // Cancel retries (`cancel-attempts`).
-    let mut cancels = crate::cancel_attempts::ProducerCancels::default();
+    // Retried cancels and discoveries (`cancel-attempts`).
+    let mut attempts = crate::cancel_attempts::ProducerRetries::new(!regressions.s8_base_fallback);
     let (tx, mut rx) = mpsc::unbounded_channel::<Answer>();
     let start = clock::now();
     let mut next = workload.iter().position(|r| r.at >= start).unwrap_or(workload.len());
@@ -151,9 +151,9 @@ pub async fn run(host: String) -> turmoil::Result {
         }
         while let Some(t) = coordinator.poll_transmit() {
             match t {
-                Transmit::Request { token, addr, frame } => {
+                Transmit::Request { token, batch, addr, frame } => {
                     crate::release::note_sent(&addr, &frame);
-                    cancels.sent(&host, token, &addr, &frame);
+                    attempts.sent(&host, token, batch, &addr, &frame);
                     if let Some((op, batch)) = batch_of_frame(&frame, &batch_of) {
                         outstanding.insert(token, (batch, op));
                     }
@@ -205,7 +205,7 @@ pub async fn run(host: String) -> turmoil::Result {
                 );
             }
             crate::push_returns::done(&host, batch);
-            cancels.batch_done(&host, batch_of.iter().filter(|(_, b)| **b == batch).map(|(t, _)| t.as_str()));
+            attempts.batch_done(&host, batch);
             batch_of.retain(|_, b| *b != batch);
             let request = batches.remove(&batch).unwrap_or(u64::MAX);
             if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {
@@ -283,7 +283,7 @@ pub async fn run(host: String) -> turmoil::Result {
             match a {
                 Answer::Reply(token, reply) => {
                     outstanding.remove(&token);
-                    cancels.answered(token, &reply);
+                    attempts.answered(token, &reply);
                     if let Some(slot) = carried_by.remove(&token) {
                         socket_busy.remove(&slot);
                     }

@@ -329,7 +329,7 @@ impl Run<'_> {
     fn pump(&mut self) {
         while let Some(transmit) = self.coordinator.poll_transmit() {
             match transmit {
-                Transmit::Request { token, addr, frame } => {
+                Transmit::Request { token, addr, frame, .. } => {
                     if let Err(error) = self.workers.submit(Job::Request { token, addr, frame }) {
                         self.coordinator.handle_reply(token, Err(error), self.clock.now());
                     }
