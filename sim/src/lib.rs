@@ -5,6 +5,7 @@
 //! question: hosts move bytes and time into core machines and carry out what they return.
 //! Everything observable is traced, and the trace hash of a seed is the same on every run.
 
+pub mod announce_once;
 pub mod cancel_attempts;
 pub mod catalogue;
 pub mod cli;

@@ -97,6 +97,8 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
                 rank,
                 owed: None,
                 answered: Default::default(),
+                announced: Default::default(),
+                ready_answers: Default::default(),
             },
         );
     });
@@ -318,6 +320,7 @@ async fn serve(
         crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
         crate::pool_full::check(host, &frame, &reply, &shard.borrow());
         crate::shard_counters::note(host, &frame, &reply, &shard.borrow());
+        crate::announce_once::note_answer(host, &frame, &reply);
         if step != ServeStep::Reply {
             return halted(shard);
         }
@@ -365,16 +368,16 @@ fn flush_events(
                     // destination it names may hold another item's bytes by now. The
                     // ledger judges announcements of reservations still READY.
                     let live = shard.borrow().book().state_of(&tid) == Some(State::Ready);
-                    let unwritten = world::with(|w| {
+                    let (unwritten, repeated) = world::with(|w| {
                         w.announced_at.insert((host.to_string(), tid.clone()), clock::now());
-                        w.published.entry((consumer, tid)).or_default().insert(rank);
+                        w.published.entry((consumer, tid.clone())).or_default().insert(rank);
                         let session = w.ranks.get(host).map(|r| r.session.clone()).unwrap_or_default();
-                        if live {
-                            w.landed.check_published(&session, &frame).err()
-                        } else {
-                            None
-                        }
+                        let unwritten = if live { w.landed.check_published(&session, &frame).err() } else { None };
+                        (unwritten, crate::announce_once::note_published_in(w, host, &tid, &frame))
                     });
+                    if let Some(detail) = repeated {
+                        crate::oracle::violate("announce-once", host, detail);
+                    }
                     // Oracle: an item is announced only once its reservation's bytes landed.
                     if let Some(detail) = unwritten {
                         crate::oracle::violate("accept-before-ready", host, detail);

@@ -52,6 +52,10 @@ pub struct Rank {
     pub owed: Option<(Instant, Instant)>,
     /// What it answered, counted from the wire (`shard-counters`).
     pub answered: crate::shard_counters::Answered,
+    /// How often it published each readiness event, and how many reserves of each
+    /// transfer it answered `ready: true` (`announce-once`).
+    pub announced: BTreeMap<Vec<u8>, u32>,
+    pub ready_answers: BTreeMap<String, u32>,
 }
 
 /// How an item of a request ended.
