@@ -1,5 +1,5 @@
 //! `cancel-attempts`: the scheduler's remote cancel tries each request as often as the
-//! reference says, no more and no fewer (ec-behaviour.md §6.5: `peers` up to
+//! reference says, no more and no fewer (ec-behaviour.md §6.4: `peers` up to
 //! [`DISCOVERY_ATTEMPTS`] times, each shard's cancel up to [`CANCEL_ATTEMPTS`] times, then
 //! the shard is given up and keeps the transfer until its TTL).
 //!
@@ -121,7 +121,7 @@ fn describe(frame: &[u8]) -> String {
 /// A producer's retried requests, as its host sees them: a cancel (abandon, refresh,
 /// cleanup) that failed (no reply, an error, or `cancelled` not true) is sent again to the
 /// same shard, [`CANCEL_ATTEMPTS`] times in all, and a `peers` that failed (no reply or
-/// an error) up to [`DISCOVERY_ATTEMPTS`] times (ec-behaviour.md §3.9, §4.1). Each batch
+/// an error) up to [`DISCOVERY_ATTEMPTS`] times (ec-behaviour.md §1.3, §5). Each batch
 /// retries its own requests, so they are told apart by batch, address and frame.
 #[derive(Clone, Debug, Default)]
 pub struct ProducerRetries {
