@@ -281,6 +281,8 @@ fn run_world(
     crate::push_returns::check(end_ns);
     let judged = crate::delivery::check(end_ns, plan);
     stats.insert("delivery.judged".to_string(), judged);
+    let judged = crate::announced_accepted::check(end_ns, plan);
+    stats.insert("announced_accepted.judged".to_string(), judged);
     if let Some(w) = world::take() {
         for (k, v) in &w.stats {
             *stats.entry(k.clone()).or_default() += v;

@@ -6,6 +6,7 @@
 //! Everything observable is traced, and the trace hash of a seed is the same on every run.
 
 pub mod announce_once;
+pub mod announced_accepted;
 pub mod cancel_attempts;
 pub mod catalogue;
 pub mod cli;

@@ -99,6 +99,9 @@ pub struct World {
     pub device: Device,
     /// Ranks that published a readiness event, by (consumer, transfer id).
     pub published: BTreeMap<(usize, String), BTreeSet<u32>>,
+    /// When each rank first published a transfer's readiness, by (consumer, transfer id,
+    /// rank) (`announced-accepted`).
+    pub first_published: BTreeMap<(usize, String, u32), Instant>,
     /// Ranks whose book changed since the oracles last looked.
     pub dirty: BTreeSet<String>,
     pub stats: BTreeMap<String, u64>,
@@ -187,6 +190,7 @@ impl World {
             incarnations: BTreeMap::new(),
             device,
             published: BTreeMap::new(),
+            first_published: BTreeMap::new(),
             dirty: BTreeSet::new(),
             stats: BTreeMap::new(),
             release: crate::release::ReleaseLedger::default(),
