@@ -17,9 +17,6 @@ use ctlplane_core::ec::defaults::PUSH_WAIT_TIMEOUT;
 use crate::faults::FaultPlan;
 use crate::hosts::world::{self, ItemFate};
 
-/// The oracle's name.
-const ORACLE: &str = "announced-accepted";
-
 /// Time for the last event to cross the link and be read: far more than the link latency
 /// plus the scheduler's coalescing.
 const SLACK: Duration = Duration::from_secs(1);
@@ -74,7 +71,7 @@ pub fn check(now_ns: u64, plan: &FaultPlan) -> u64 {
         (judged, findings)
     });
     for detail in findings {
-        crate::oracle::violate_at(now_ns, ORACLE, "engine", detail);
+        crate::oracle::violate_at(now_ns, "announced-accepted", "engine", detail);
     }
     judged
 }
