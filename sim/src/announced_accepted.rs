@@ -52,12 +52,11 @@ pub fn check(now_ns: u64, plan: &FaultPlan) -> u64 {
                 if *fate != Some(ItemFate::Unavailable) {
                     continue;
                 }
-                let times: Option<Vec<u64>> = (0..consumer.ranks.len() as u32)
-                    .map(|rank| {
-                        w.first_published.get(&(req.consumer, item.transfer_id.clone(), rank)).map(|t| t.as_nanos())
-                    })
-                    .collect();
-                let Some(last) = times.and_then(|t| t.into_iter().max()) else { continue };
+                let Some(ranks) = w.published.get(&(req.consumer, item.transfer_id.clone())) else { continue };
+                if ranks.len() < consumer.ranks.len() {
+                    continue;
+                }
+                let Some(last) = ranks.values().map(|t| t.as_nanos()).max() else { continue };
                 judged += 1;
                 if last + (SLACK.as_nanos() as u64) < deadline_ns {
                     findings.push(format!(

@@ -221,7 +221,7 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
                 late.push(format!(
                     "{tid} reported pushed at {} while its request waited, announced by ranks {:?} of {}",
                     p.at,
-                    published.cloned().unwrap_or_default(),
+                    published.map(|p| p.keys().copied().collect::<Vec<_>>()).unwrap_or_default(),
                     p.incarnations.len()
                 ));
             }
@@ -295,7 +295,7 @@ fn pushed_never_available(w: &mut world::World) -> Vec<String> {
         let published = w.published.get(&(p.consumer, tid.clone()));
         for (host, rank, incarnation, held) in &p.ranks {
             let Some(live) = w.ranks.get(host).filter(|l| l.incarnation == *incarnation) else { continue };
-            if published.is_some_and(|s| s.contains(rank)) {
+            if published.is_some_and(|s| s.contains_key(rank)) {
                 continue;
             }
             let dropped = live.shard.borrow().stats().events_dropped;

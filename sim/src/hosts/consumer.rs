@@ -370,8 +370,7 @@ fn flush_events(
                     let live = shard.borrow().book().state_of(&tid) == Some(State::Ready);
                     let (unwritten, repeated) = world::with(|w| {
                         w.announced_at.insert((host.to_string(), tid.clone()), clock::now());
-                        w.published.entry((consumer, tid.clone())).or_default().insert(rank);
-                        w.first_published.entry((consumer, tid.clone(), rank)).or_insert_with(clock::now);
+                        w.published.entry((consumer, tid.clone())).or_default().entry(rank).or_insert_with(clock::now);
                         let session = w.ranks.get(host).map(|r| r.session.clone()).unwrap_or_default();
                         let unwritten = if live { w.landed.check_published(&session, &frame).err() } else { None };
                         (unwritten, crate::announce_once::note_published_in(w, host, &tid, &frame))

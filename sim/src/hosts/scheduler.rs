@@ -189,9 +189,7 @@ pub async fn run(host: String) -> turmoil::Result {
         for m in batch {
             match m {
                 Msg::Reply(token, reply) => {
-                    if let Some(c) = h.in_flight.remove(&token) {
-                        h.lanes.entry(c).or_default().answered(&h.name, reply.is_ok());
-                    }
+                    h.note_reply(token, reply.is_ok());
                     h.core.handle_reply(token, reply, now)
                 }
                 Msg::Event(consumer, frame) => match h.core.handle_event_frame(consumer, &frame, now) {
@@ -204,6 +202,13 @@ pub async fn run(host: String) -> turmoil::Result {
 }
 
 impl Host {
+    /// A request of the core was answered (`ok`) or failed: its cancel lane counts it.
+    fn note_reply(&mut self, token: Token, ok: bool) {
+        if let Some(c) = self.in_flight.remove(&token) {
+            self.lanes.entry(c).or_default().answered(&self.name, ok);
+        }
+    }
+
     /// The client gave up on workload request `r`: vLLM finishes the request, and the
     /// scheduler must resolve none of its items afterwards (`request-aborted`).
     async fn abort(&mut self, r: usize, now: Instant) {
@@ -273,9 +278,7 @@ impl Host {
                 &[("consumer", &consumer), ("ms", &blocked_ms), ("ok", &reply.is_ok())],
             );
             world::with(|w| w.count("scheduler.drain_blocked_ms", blocked_ms));
-            if let Some(c) = self.in_flight.remove(&t.token) {
-                self.lanes.entry(c).or_default().answered(&self.name, reply.is_ok());
-            }
+            self.note_reply(t.token, reply.is_ok());
             self.core.handle_reply(t.token, reply, clock::now());
             return;
         }
@@ -451,7 +454,9 @@ fn check_retired(rank: &str, shard: &world::Shard, mm_hash: &str) {
 
 /// Oracle: the core accepted an item only after every rank published its readiness.
 fn check_every_shard_published(host: &str, consumer: usize, ranks: &[String], transfer_id: &str) {
-    let published = world::with(|w| w.published.get(&(consumer, transfer_id.to_string())).cloned()).unwrap_or_default();
+    let published: Vec<u32> = world::with(|w| {
+        w.published.get(&(consumer, transfer_id.to_string())).map(|p| p.keys().copied().collect()).unwrap_or_default()
+    });
     if published.len() < ranks.len() {
         crate::oracle::violate(
             "accept-before-ready",

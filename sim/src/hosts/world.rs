@@ -97,11 +97,9 @@ pub struct World {
     /// Program starts per host (0 = first start).
     pub incarnations: BTreeMap<String, u32>,
     pub device: Device,
-    /// Ranks that published a readiness event, by (consumer, transfer id).
-    pub published: BTreeMap<(usize, String), BTreeSet<u32>>,
-    /// When each rank first published a transfer's readiness, by (consumer, transfer id,
-    /// rank) (`announced-accepted`).
-    pub first_published: BTreeMap<(usize, String, u32), Instant>,
+    /// Ranks that published a readiness event, by (consumer, transfer id), each with
+    /// when it first did (`announced-accepted`).
+    pub published: BTreeMap<(usize, String), BTreeMap<u32, Instant>>,
     /// Ranks whose book changed since the oracles last looked.
     pub dirty: BTreeSet<String>,
     pub stats: BTreeMap<String, u64>,
@@ -190,7 +188,6 @@ impl World {
             incarnations: BTreeMap::new(),
             device,
             published: BTreeMap::new(),
-            first_published: BTreeMap::new(),
             dirty: BTreeSet::new(),
             stats: BTreeMap::new(),
             release: crate::release::ReleaseLedger::default(),
@@ -260,7 +257,7 @@ impl World {
             .filter_map(|host| {
                 let rank = self.ranks.get(host)?;
                 let held = rank.shard.borrow().book().state_of(transfer_id).is_some()
-                    || published.is_some_and(|p| p.contains(&rank.rank));
+                    || published.is_some_and(|p| p.contains_key(&rank.rank));
                 Some((host.clone(), rank.rank, rank.incarnation, held))
             })
             .collect();
