@@ -87,6 +87,12 @@ pub struct Swarm {
     /// rank turn into garbage: completions fail on one rank while in flight on the other.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub completion_failure: KindRate,
+    /// A P2P application whose handler fails on a few messages in a row.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub handler_failures: KindRate,
+    /// A P2P application sending one message above the world's frame limit.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub oversize: KindRate,
 }
 
 impl KindRate {
@@ -186,6 +192,12 @@ pub enum FaultKind {
     /// whose routing identity is `claims` (`host:port`), an address of its choosing
     /// (p2p-behaviour.md S18).
     ForgedIdentity { from: String, to: String, claims: String },
+    /// `host`'s P2P application fails on the next `count` role messages from `peer` (its
+    /// handler raises); five in a row end the session (p2p-behaviour.md §2.3).
+    HandlerFailures { host: String, peer: String, count: u32 },
+    /// `from`'s P2P application sends `to` one lookup whose frame is larger than the
+    /// world's frame limit (nothing when the world has none).
+    Oversize { from: String, to: String },
 }
 
 impl FaultKind {
@@ -204,6 +216,8 @@ impl FaultKind {
             FaultKind::ReplaceRace { .. } => "replace_race",
             FaultKind::StopReading { .. } => "stop_reading",
             FaultKind::ForgedIdentity { .. } => "forged_identity",
+            FaultKind::HandlerFailures { .. } => "handler_failures",
+            FaultKind::Oversize { .. } => "oversize",
         }
     }
 
@@ -219,7 +233,11 @@ impl FaultKind {
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
-            FaultKind::PeerFlood { .. } | FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } => 0,
+            FaultKind::PeerFlood { .. }
+            | FaultKind::ReplaceRace { .. }
+            | FaultKind::ForgedIdentity { .. }
+            | FaultKind::HandlerFailures { .. }
+            | FaultKind::Oversize { .. } => 0,
         }
     }
 
@@ -237,7 +255,8 @@ impl FaultKind {
             FaultKind::PeerFlood { host, .. } => vec![host],
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
             FaultKind::StopReading { host, .. } => vec![host],
-            FaultKind::ForgedIdentity { from, to, .. } => vec![from, to],
+            FaultKind::ForgedIdentity { from, to, .. } | FaultKind::Oversize { from, to } => vec![from, to],
+            FaultKind::HandlerFailures { host, peer, .. } => vec![host, peer],
         }
     }
 
@@ -263,7 +282,10 @@ impl FaultKind {
                 }
                 r
             }
-            FaultKind::PeerFlood { .. } | FaultKind::ForgedIdentity { .. } => Vec::new(),
+            FaultKind::PeerFlood { .. }
+            | FaultKind::ForgedIdentity { .. }
+            | FaultKind::HandlerFailures { .. }
+            | FaultKind::Oversize { .. } => Vec::new(),
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
             FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
@@ -526,6 +548,9 @@ impl FaultPlan {
             if let FaultKind::PeerFlood { count: 0, .. } = f.kind {
                 return Err(FaultError::Invalid { index, what: "a peer flood needs count >= 1" });
             }
+            if let FaultKind::HandlerFailures { count: 0, .. } = f.kind {
+                return Err(FaultError::Invalid { index, what: "handler failures need count >= 1" });
+            }
             let (s, e) = (f.at_ms, f.at_ms.saturating_add(f.kind.span_ms()));
             for r in f.kind.resources() {
                 let w = busy.entry(r.clone()).or_default();
@@ -568,6 +593,8 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.silent_restart = rate();
     swarm.discovery_loss = rate();
     swarm.completion_failure = rate();
+    swarm.handler_failures = rate();
+    swarm.oversize = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -576,6 +603,8 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.silent_restart,
         swarm.discovery_loss,
         swarm.completion_failure,
+        swarm.handler_failures,
+        swarm.oversize,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -660,7 +689,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                         out.push(Fault { at_ms: rng.gen_range(0..=150), kind });
                     }
                 }
-                _ => {
+                6 => {
                     let Some(slow) = pick(&mut rng, ranks).cloned() else { continue };
                     let others: Vec<String> = ranks.iter().filter(|r| **r != slow).cloned().collect();
                     let (Some(failing), Some(producer)) =
@@ -671,6 +700,15 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let for_ms = rng.gen_range(2_000..=8_000);
                     let at_ms = at(&mut rng, for_ms + 100);
                     out.extend(completion_failure(&mut rng, slow, failing, producer, at_ms, for_ms));
+                }
+                7 => {
+                    let Some((host, peer)) = two(&mut rng) else { continue };
+                    let kind = FaultKind::HandlerFailures { host, peer, count: rng.gen_range(1..=8) };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind });
+                }
+                _ => {
+                    let Some((from, to)) = two(&mut rng) else { continue };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind: FaultKind::Oversize { from, to } });
                 }
             }
         }
@@ -739,6 +777,10 @@ struct HostFaults {
     floods: BTreeMap<String, u32>,
     /// Per P2P host: `(to, claimed identity)` forged messages still to send.
     forged: BTreeMap<String, Vec<(String, String)>>,
+    /// Per `(P2P host, peer)`: role messages from the peer its handler still fails on.
+    handler_failures: BTreeMap<(String, String), u32>,
+    /// Per P2P host: peers it still owes a message above the frame limit.
+    oversize: BTreeMap<String, BTreeSet<String>>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
     /// index, whose receiver then restarts.
     send_failures: BTreeMap<(String, String), usize>,
@@ -796,6 +838,26 @@ pub fn take_flood(host: &str) -> Option<u32> {
 /// The forged messages `host` must send now: `(to, claimed identity)` each, taken once.
 pub fn take_forged(host: &str) -> Vec<(String, String)> {
     HOST_FAULTS.with(|h| h.borrow_mut().forged.remove(host).unwrap_or_default())
+}
+
+/// Whether `host`'s P2P handler fails on this role message from `peer` (one failure of a
+/// handler-failures fault taken).
+pub fn take_handler_failure(host: &str, peer: &str) -> bool {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let key = (host.to_string(), peer.to_string());
+        let Some(left) = h.handler_failures.get_mut(&key) else { return false };
+        *left -= 1;
+        if *left == 0 {
+            h.handler_failures.remove(&key);
+        }
+        true
+    })
+}
+
+/// Whether `host` owes `peer` a message above the frame limit now (taken once).
+pub fn take_oversize(host: &str, peer: &str) -> bool {
+    HOST_FAULTS.with(|h| h.borrow_mut().oversize.get_mut(host).is_some_and(|to| to.remove(peer)))
 }
 
 /// Whether `host`'s next request to `to` fails to send (a replace race); if so, `to`
@@ -891,6 +953,17 @@ enum Step {
         to: String,
         claims: String,
     },
+    /// `host`'s P2P handler fails on the next `count` messages from `peer`.
+    FailHandler {
+        host: String,
+        peer: String,
+        count: u32,
+    },
+    /// `from` owes `to` a message above the frame limit.
+    Oversize {
+        from: String,
+        to: String,
+    },
     /// Arms a failed send from `from` to `to`; `to` restarts when it happens.
     ArmSendFailure {
         from: String,
@@ -979,6 +1052,10 @@ impl FaultDriver {
                 }
                 FaultKind::PeerFlood { host, count } => push(t, i, Step::Flood { host, count }),
                 FaultKind::ForgedIdentity { from, to, claims } => push(t, i, Step::Forge { from, to, claims }),
+                FaultKind::HandlerFailures { host, peer, count } => {
+                    push(t, i, Step::FailHandler { host, peer, count });
+                }
+                FaultKind::Oversize { from, to } => push(t, i, Step::Oversize { from, to }),
                 FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
                 FaultKind::StopReading { host, for_ms, burst } => {
                     let until = ctlplane_core::time::Instant::from_nanos((t + for_ms) * 1_000_000);
@@ -1032,6 +1109,8 @@ impl FaultDriver {
             h.malformed.clear();
             h.floods.clear();
             h.forged.clear();
+            h.handler_failures.clear();
+            h.oversize.clear();
             h.send_failures.clear();
             h.bounces.clear();
             h.stopped.clear();
@@ -1143,6 +1222,16 @@ impl FaultDriver {
                     h.borrow_mut().forged.entry(from.clone()).or_default().push((to.clone(), claims.clone()))
                 });
                 rec("forge", &[("from", &from), ("to", &to), ("claims", &claims)]);
+            }
+            Step::FailHandler { host, peer, count } => {
+                HOST_FAULTS.with(|h| {
+                    *h.borrow_mut().handler_failures.entry((host.clone(), peer.clone())).or_default() += count
+                });
+                rec("fail_handler", &[("host", &host), ("peer", &peer), ("count", &count)]);
+            }
+            Step::Oversize { from, to } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().oversize.entry(from.clone()).or_default().insert(to.clone()));
+                rec("oversize", &[("from", &from), ("to", &to)]);
             }
             Step::ArmSendFailure { from, to } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().send_failures.insert((from.clone(), to.clone()), index));

@@ -17,6 +17,11 @@
 //!   wait, so a longer tick blocked and starved every other session (race `p2p-hwm`).
 //! - `p2p-dial-non-peer`: no peer opens a connection to an address that is not a peer of
 //!   the world because an inbound message named it (checked as each DEALER is opened).
+//! - `p2p-announced-id`: a peer's connect announces the id the receiver knows it by.
+//! - `p2p-dispatch-errors`: a ready session whose handler failed five times in a row is
+//!   dead (a `handler_failures` fault).
+//! - `p2p-frame-limit`: no frame above the world's frame limit reaches a DEALER (an
+//!   `oversize` fault offers one).
 
 mod ledger;
 mod peer;

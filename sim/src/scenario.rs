@@ -599,6 +599,8 @@ mod tests {
                 silent_restart: off,
                 discovery_loss: off,
                 completion_failure: off,
+                handler_failures: off,
+                oversize: off,
                 ..p.swarm
             };
             assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");

@@ -7,6 +7,8 @@
 //! host part of the base address), so a host turns a logical endpoint into the rank host
 //! serving it with [`Topology::resolve`] before it connects.
 
+use ctlplane_core::ec::config::zmq_path;
+use ctlplane_core::ec::{ConfigError, PortPlan};
 use std::collections::BTreeMap;
 
 /// Default receive slab of one consumer rank (`ec_buffer_size`).
@@ -47,19 +49,15 @@ impl ConsumerSpec {
         ConsumerSpec { name, tp, ranks, control_port, pool_bytes }
     }
 
+    /// The replica's ports as the core derives them (DP index 0: each simulated consumer
+    /// is its own replica); a spec whose ports leave `1..=65535` is refused.
+    pub fn plan(&self) -> Result<PortPlan, ConfigError> {
+        PortPlan::new(self.name.clone(), i64::from(self.control_port), 0, self.tp)
+    }
+
     /// The replica's base address (rank 0): what producers get as `consumer_zmq`.
     pub fn base_addr(&self) -> String {
-        format!("tcp://{}:{}", self.name, self.control_port)
-    }
-
-    /// REP port of `rank`.
-    pub fn rank_port(&self, rank: u32) -> u16 {
-        self.control_port + rank as u16
-    }
-
-    /// The `peers` list every rank reports.
-    pub fn peer_ports(&self) -> Vec<u16> {
-        (0..self.tp).map(|r| self.rank_port(r)).collect()
+        zmq_path("tcp", &self.name, self.control_port)
     }
 }
 

@@ -161,9 +161,11 @@ pub struct WorldSwarm {
     /// not (race S20: an unbound batch is orphaned; default: a request waits for its push).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout_ms: Option<u64>,
-    /// P2P peers run with the T2 lineage's frame limit (default: none).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub p2p_frame_limit: bool,
+    /// P2P peers run with a frame limit, bytes: half the time the T2 lineage's
+    /// `MAX_CONTROL_MESSAGE_BYTES`, half the time 4 KiB to 1 MiB, so that an oversize
+    /// message is cheap to make (default: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2p_frame_limit: Option<usize>,
     /// Clients abort some requests before they resolve: the scheduler finishes them and
     /// cancels their items while the pushes may still be on the way (default: none).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -280,7 +282,13 @@ impl WorldSwarm {
             .filter(|(start, span)| start + span + wait + LATE_WAVE_MARGIN_MS <= crate::engine::END.as_millis() as u64);
         let colliding_per_mille = on(stream::COLLIDING, 0.25).map(|mut r| log_uniform(&mut r, 5, 300) as u32);
         let request_timeout_ms = on(stream::REQUEST_TIMEOUT, 0.15).map(|mut r| log_uniform(&mut r, 1_000, 120_000));
-        let p2p_frame_limit = on(stream::FRAME_LIMIT, 0.4).is_some();
+        let p2p_frame_limit = on(stream::FRAME_LIMIT, 0.4).map(|mut r| {
+            if r.gen_bool(0.5) {
+                ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES
+            } else {
+                1 << r.gen_range(12..=20)
+            }
+        });
         // From before the push lands to around the push wait.
         let abort = on(stream::ABORT, 0.3).map(|mut r| {
             let lo = log_uniform(&mut r, 1, 60_000);
@@ -346,7 +354,7 @@ impl WorldSwarm {
             push_wait_timeout: self.push_wait_ms.map(d),
             p2p_no_handshake_deadline: self.no_handshake_deadline,
             p2p_max_peers: self.max_peers,
-            p2p_frame_limit: self.p2p_frame_limit.then_some(ctlplane_core::p2p::registry::MAX_CONTROL_MESSAGE_BYTES),
+            p2p_frame_limit: self.p2p_frame_limit,
             p2p_immediate_reconnect: self.immediate_reconnect,
             producer_sockets_per_shard: self.sockets_per_shard,
             producer_stalls: self

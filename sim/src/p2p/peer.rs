@@ -18,7 +18,7 @@ use ctlplane_core::p2p::manager::{ManagerConfig, ManagerRegressions, PeerEvent, 
 use ctlplane_core::p2p::messages::Message;
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::Direction;
-use ctlplane_core::p2p::session::SessionConfig;
+use ctlplane_core::p2p::session::{SessionConfig, MAX_CONSECUTIVE_DISPATCH_ERRORS};
 use ctlplane_core::p2p::{value, Action, ConnId, MonitorEvent, PollInput, RegistryConfig, T0Switches};
 use ctlplane_core::time::Instant;
 use rand::{Rng, SeedableRng};
@@ -41,6 +41,9 @@ pub const MAX_SOCKETS: usize = 1023;
 /// Sockets one connection holds: its DEALER, the monitor PAIR reading it and libzmq's
 /// own PAIR publishing the monitor events.
 const SOCKETS_PER_CONNECTION: usize = 3;
+/// Largest key a lookup may carry (p2p-behaviour.md §2.2): an oversize message is made of
+/// keys this long.
+const MAX_KEY_BYTES: usize = 4096;
 /// First port of the unreachable peers a peer flood names (nothing listens there).
 const FLOOD_PORT: u16 = PORT + 1;
 /// `p2p-progress`: the longest a manager tick may take. Nothing in a tick waits (every
@@ -148,6 +151,10 @@ struct Peer {
     fatal: Option<String>,
     /// [`PeerSettings::quiet`].
     quiet: bool,
+    /// Per peer: the session its handler last failed on and the failures in a row there,
+    /// counted only while the session is ready (a connect or ack resets the core's count
+    /// before that).
+    handler_failures: BTreeMap<String, (SessionId, u32)>,
 }
 
 /// The manager's configuration for host `name`: the mainline manager (errors escape) with
@@ -238,6 +245,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         max_message_bytes: cfg.settings.max_message_bytes,
         fatal: None,
         quiet: cfg.settings.quiet,
+        handler_failures: BTreeMap::new(),
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
     loop {
@@ -400,12 +408,25 @@ impl Peer {
                         self.outstanding.remove(&peer);
                     }
                 }
-                PeerEvent::PeerConnected { session, connect, .. } => {
+                PeerEvent::PeerConnected { peer, session, connect } => {
                     trace::record(
                         &self.name,
                         "p2p.peer_connected",
                         &[("peer", &connect.peer_id), ("session", &session)],
                     );
+                    if connect.peer_id != peer {
+                        // The data plane registers the peer's blocks under the id its
+                        // Connect announces (p2p-behaviour.md §2.3): another name than the
+                        // session's loses them.
+                        oracle::violate(
+                            "p2p-announced-id",
+                            &self.name,
+                            format!(
+                                "session {session} with {peer} announced itself as {:?}",
+                                connect.peer_id
+                            ),
+                        );
+                    }
                 }
                 PeerEvent::Ready { peer, session } => {
                     trace::record(&self.name, "p2p.ready", &[("peer", &peer), ("session", &session)]);
@@ -445,6 +466,11 @@ impl Peer {
 
     /// The application: answer requests, match responses.
     fn on_message(&mut self, peer: &str, session: SessionId, m: Message) {
+        if faults::take_handler_failure(&self.name, host_of(peer)) {
+            self.handler_failed(peer, session, &m);
+            return;
+        }
+        self.handler_failures.remove(peer);
         let reply = answer(&m);
         if let Message::LookupResp { kv_request_id, .. } | Message::TransferDone { kv_request_id, .. } = m {
             let asked = self
@@ -466,6 +492,43 @@ impl Peer {
             // A session that died on an earlier message of this batch refuses: nothing to do.
             let _ = self.manager.send_on(peer, session, r);
         }
+    }
+
+    /// A handler-failures fault: the handler raised on `m`. `p2p-dispatch-errors`: the
+    /// session is dead once it failed [`MAX_CONSECUTIVE_DISPATCH_ERRORS`] times in a row
+    /// while ready.
+    fn handler_failed(&mut self, peer: &str, session: SessionId, m: &Message) {
+        trace::record(&self.name, "p2p.handler_failed", &[("peer", &peer), ("type", &m.kind())]);
+        let ready = self.manager.is_ready(peer) && self.manager.session_id(peer) == Some(session);
+        self.manager.dispatch_failed(peer, session, "handler failed (fault)");
+        if !ready {
+            self.handler_failures.remove(peer);
+            return;
+        }
+        let failures = match self.handler_failures.get(peer) {
+            Some(&(s, n)) if s == session => n + 1,
+            _ => 1,
+        };
+        self.handler_failures.insert(peer.to_string(), (session, failures));
+        let current = self.manager.session_id(peer) == Some(session);
+        if failures >= MAX_CONSECUTIVE_DISPATCH_ERRORS && current && self.manager.is_alive(peer) {
+            oracle::violate(
+                "p2p-dispatch-errors",
+                &self.name,
+                format!("session {session} with {peer} is alive after {failures} handler failures in a row"),
+            );
+        }
+    }
+
+    /// An oversize fault: one lookup to `peer` whose frame exceeds the world's frame limit,
+    /// which the sender must refuse (`p2p-frame-limit` judges what reaches a DEALER).
+    async fn oversize(&mut self, peer: &str) {
+        let Some(limit) = self.max_message_bytes else { return };
+        let keys = vec![vec![0u8; MAX_KEY_BYTES]; limit / MAX_KEY_BYTES + 1];
+        let kv = format!("{}.{}.oversize", self.name, self.inc);
+        let sent = self.manager.send(peer, Message::Lookup { kv_request_id: kv, keys, round_seq: 0 });
+        trace::record(&self.name, "p2p.oversize", &[("peer", &peer), ("limit", &limit), ("ok", &sent.is_ok())]);
+        self.settle().await;
     }
 
     /// A peer flood: `n` requests name distinct peers where nothing listens, each opening a
@@ -505,6 +568,9 @@ impl Peer {
             if let Some(n) = faults::take_burst(&self.name, host_of(&peer)) {
                 self.burst(&peer, n).await;
             }
+            if faults::take_oversize(&self.name, host_of(&peer)) {
+                self.oversize(&peer).await;
+            }
             if !self.rng.gen_bool(0.7) {
                 continue;
             }
@@ -530,7 +596,9 @@ impl Peer {
                 Message::Fetch { kv_request_id: kv.clone(), keys: vec![key], block_indexes: vec![7], round_seq: 0 }
             };
             trace::record(&self.name, "p2p.request", &[("peer", &peer), ("kv", &kv), ("type", &msg.kind())]);
-            if self.manager.send_on(&peer, session, msg).is_ok() {
+            // A request goes to the peer's current session (`send`); only an answer is
+            // pinned to the session that asked (`send_on`).
+            if self.manager.send(&peer, msg).is_ok() {
                 if let Some(o) = self.outstanding.get_mut(&peer).filter(|o| o.session == session) {
                     o.requests.insert(kv);
                 }
@@ -620,6 +688,14 @@ impl Peer {
                     }
                 }
                 Action::Transmit { conn, frame } => {
+                    if let Some(limit) = self.max_message_bytes.filter(|l| frame.len() > *l) {
+                        // The receiver's maxmsgsize would drop the whole connection.
+                        oracle::violate(
+                            "p2p-frame-limit",
+                            &self.name,
+                            format!("a {} byte frame reached the DEALER of connection {conn} (limit {limit})", frame.len()),
+                        );
+                    }
                     let result = match (self.dealers.get(&conn), self.manager.send_mode()) {
                         (Some(d), SendMode::NonBlocking) => match d.dealer.try_send(vec![frame]) {
                             Ok(()) => Ok(()),
