@@ -93,6 +93,9 @@ pub struct Swarm {
     /// A P2P application sending one message above the world's frame limit.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub oversize: KindRate,
+    /// The scheduler's model runners never reporting the loads begun for a while.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub lost_loads: KindRate,
 }
 
 impl KindRate {
@@ -198,6 +201,10 @@ pub enum FaultKind {
     /// `from`'s P2P application sends `to` one lookup whose frame is larger than the
     /// world's frame limit (nothing when the world has none).
     Oversize { from: String, to: String },
+    /// For `for_ms`, the loads scheduler `host` begins are never reported: the model
+    /// runners hung on them, so only the scheduler's LOADING deadline ends them
+    /// (ec-behaviour.md §6.3).
+    LostLoads { host: String, for_ms: u64 },
 }
 
 impl FaultKind {
@@ -218,6 +225,7 @@ impl FaultKind {
             FaultKind::ForgedIdentity { .. } => "forged_identity",
             FaultKind::HandlerFailures { .. } => "handler_failures",
             FaultKind::Oversize { .. } => "oversize",
+            FaultKind::LostLoads { .. } => "lost_loads",
         }
     }
 
@@ -229,7 +237,8 @@ impl FaultKind {
             | FaultKind::Hold { for_ms, .. }
             | FaultKind::LongPartition { for_ms, .. }
             | FaultKind::SlowHandler { for_ms, .. }
-            | FaultKind::StopReading { for_ms, .. } => *for_ms,
+            | FaultKind::StopReading { for_ms, .. }
+            | FaultKind::LostLoads { for_ms, .. } => *for_ms,
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
@@ -254,7 +263,7 @@ impl FaultKind {
             FaultKind::ReconnectRace { host, peer, .. } => vec![host, peer],
             FaultKind::PeerFlood { host, .. } => vec![host],
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
-            FaultKind::StopReading { host, .. } => vec![host],
+            FaultKind::StopReading { host, .. } | FaultKind::LostLoads { host, .. } => vec![host],
             FaultKind::ForgedIdentity { from, to, .. } | FaultKind::Oversize { from, to } => vec![from, to],
             FaultKind::HandlerFailures { host, peer, .. } => vec![host, peer],
         }
@@ -289,6 +298,7 @@ impl FaultKind {
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
             FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
+            FaultKind::LostLoads { host, .. } => vec![format!("loads {host}")],
         }
     }
 }
@@ -595,6 +605,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.completion_failure = rate();
     swarm.handler_failures = rate();
     swarm.oversize = rate();
+    swarm.lost_loads = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -605,6 +616,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.completion_failure,
         swarm.handler_failures,
         swarm.oversize,
+        swarm.lost_loads,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -706,9 +718,14 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let kind = FaultKind::HandlerFailures { host, peer, count: rng.gen_range(1..=8) };
                     out.push(Fault { at_ms: at(&mut rng, 0), kind });
                 }
-                _ => {
+                8 => {
                     let Some((from, to)) = two(&mut rng) else { continue };
                     out.push(Fault { at_ms: at(&mut rng, 0), kind: FaultKind::Oversize { from, to } });
+                }
+                _ => {
+                    let Some(host) = pick(&mut rng, &topo.schedulers).cloned() else { continue };
+                    let for_ms = rng.gen_range(500..=10_000);
+                    out.push(Fault { at_ms: at(&mut rng, for_ms), kind: FaultKind::LostLoads { host, for_ms } });
                 }
             }
         }
@@ -779,6 +796,8 @@ struct HostFaults {
     forged: BTreeMap<String, Vec<(String, String)>>,
     /// Per `(P2P host, peer)`: role messages from the peer its handler still fails on.
     handler_failures: BTreeMap<(String, String), u32>,
+    /// Schedulers whose loads go unreported (a lost-loads fault).
+    loads_lost: BTreeSet<String>,
     /// Per P2P host: peers it still owes a message above the frame limit.
     oversize: BTreeMap<String, BTreeSet<String>>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
@@ -853,6 +872,11 @@ pub fn take_handler_failure(host: &str, peer: &str) -> bool {
         }
         true
     })
+}
+
+/// Whether the loads scheduler `host` begins now go unreported (a lost-loads fault).
+pub fn loads_lost(host: &str) -> bool {
+    HOST_FAULTS.with(|h| h.borrow().loads_lost.contains(host))
 }
 
 /// Whether `host` owes `peer` a message above the frame limit now (taken once).
@@ -959,6 +983,14 @@ enum Step {
         peer: String,
         count: u32,
     },
+    /// Scheduler `host`'s loads go unreported from now.
+    LoadsOff {
+        host: String,
+    },
+    /// Scheduler `host`'s loads are reported again.
+    LoadsOn {
+        host: String,
+    },
     /// `from` owes `to` a message above the frame limit.
     Oversize {
         from: String,
@@ -991,6 +1023,7 @@ impl Step {
                 | Step::Release { .. }
                 | Step::Restart { .. }
                 | Step::SlowOff { .. }
+                | Step::LoadsOn { .. }
                 | Step::ReadOn { .. }
         )
     }
@@ -1056,6 +1089,10 @@ impl FaultDriver {
                     push(t, i, Step::FailHandler { host, peer, count });
                 }
                 FaultKind::Oversize { from, to } => push(t, i, Step::Oversize { from, to }),
+                FaultKind::LostLoads { host, for_ms } => {
+                    push(t, i, Step::LoadsOff { host: host.clone() });
+                    push(t + for_ms, i, Step::LoadsOn { host });
+                }
                 FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
                 FaultKind::StopReading { host, for_ms, burst } => {
                     let until = ctlplane_core::time::Instant::from_nanos((t + for_ms) * 1_000_000);
@@ -1111,6 +1148,7 @@ impl FaultDriver {
             h.forged.clear();
             h.handler_failures.clear();
             h.oversize.clear();
+            h.loads_lost.clear();
             h.send_failures.clear();
             h.bounces.clear();
             h.stopped.clear();
@@ -1201,6 +1239,14 @@ impl FaultDriver {
             Step::SlowOff { host } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().delays.remove(&host));
                 rec("slow_off", &[("host", &host)]);
+            }
+            Step::LoadsOff { host } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().loads_lost.insert(host.clone()));
+                rec("loads_off", &[("host", &host)]);
+            }
+            Step::LoadsOn { host } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().loads_lost.remove(&host));
+                rec("loads_on", &[("host", &host)]);
             }
             Step::Malformed { from, to, count, garbage } => {
                 HOST_FAULTS.with(|h| {

@@ -601,6 +601,7 @@ mod tests {
                 completion_failure: off,
                 handler_failures: off,
                 oversize: off,
+                lost_loads: off,
                 ..p.swarm
             };
             assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");

@@ -62,6 +62,21 @@ struct Host {
     in_flight: BTreeMap<Token, ConsumerId>,
 }
 
+/// How long before the end of the run a lost load must have begun, past its LOADING
+/// deadline, for `request-resolves` to see the scheduler give it up.
+const LOST_LOAD_MARGIN: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Whether a load `host` begins at `now` goes unreported (a lost-loads fault), only while
+/// the scheduler's LOADING deadline still falls well inside the run.
+fn load_lost(host: &str, now: Instant) -> bool {
+    if !crate::faults::loads_lost(host) {
+        return false;
+    }
+    let wait = world::with(|w| w.knobs.push_wait_timeout).unwrap_or(ReadinessConfig::default().push_wait_timeout);
+    let end = Instant::from_nanos(crate::engine::END.as_nanos() as u64);
+    now + wait + crate::oracle::RESOLVE_SLACK + LOST_LOAD_MARGIN < end
+}
+
 /// Runs the scheduler. A restart loses every request in flight (they die with the
 /// process) and the subscription, which is made again from scratch.
 pub async fn run(host: String) -> turmoil::Result {
@@ -315,6 +330,12 @@ impl Host {
                 }
             }
             SchedulerEvent::Load { consumer, transfer_id, mm_hash, .. } => {
+                if load_lost(host, now) {
+                    // The model runners hung on it: nothing is taken, nothing reported.
+                    crate::trace::record(host, "ec.load_lost", &[("transfer_id", &transfer_id)]);
+                    world::with(|w| w.loads_lost.insert(transfer_id.clone(), now));
+                    return;
+                }
                 // The model thread of every rank takes its copy.
                 let ranks = self.consumers.get(&consumer).map(|c| c.ranks.clone()).unwrap_or_default();
                 let mut loaded = true;

@@ -123,6 +123,9 @@ pub struct World {
     pub kept: BTreeMap<String, Rc<RefCell<Shard>>>,
     /// mm_hashes some device write of failed (`delivery-after-heal` leaves them out).
     pub write_failed: BTreeSet<String>,
+    /// Items whose load a lost-loads fault left unreported, and when the load began
+    /// (`request-resolves` gives them the scheduler's LOADING deadline from then).
+    pub loads_lost: BTreeMap<String, Instant>,
     /// When a push item to a consumer was refused because its buffer pool was full, by
     /// consumer index (capacity pressure refuses pushes by design: `delivery-after-heal`
     /// leaves requests that met it out).
@@ -198,6 +201,7 @@ impl World {
             landed: crate::landed::LandedLedger::default(),
             kept: BTreeMap::new(),
             write_failed: BTreeSet::new(),
+            loads_lost: BTreeMap::new(),
             pool_full: Vec::new(),
             open_pushes: Default::default(),
         }
