@@ -421,10 +421,7 @@ impl Peer {
                         oracle::violate(
                             "p2p-announced-id",
                             &self.name,
-                            format!(
-                                "session {session} with {peer} announced itself as {:?}",
-                                connect.peer_id
-                            ),
+                            format!("session {session} with {peer} announced itself as {:?}", connect.peer_id),
                         );
                     }
                 }
@@ -693,7 +690,10 @@ impl Peer {
                         oracle::violate(
                             "p2p-frame-limit",
                             &self.name,
-                            format!("a {} byte frame reached the DEALER of connection {conn} (limit {limit})", frame.len()),
+                            format!(
+                                "a {} byte frame reached the DEALER of connection {conn} (limit {limit})",
+                                frame.len()
+                            ),
                         );
                     }
                     let result = match (self.dealers.get(&conn), self.manager.send_mode()) {
