@@ -96,6 +96,10 @@ pub struct Swarm {
     /// The scheduler's model runners never reporting the loads begun for a while.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub lost_loads: KindRate,
+    /// A producer's first requests to a base rank turned into garbage from the start, so
+    /// its discovery there fails on every attempt.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub discovery_garbage: KindRate,
 }
 
 impl KindRate {
@@ -606,6 +610,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.handler_failures = rate();
     swarm.oversize = rate();
     swarm.lost_loads = rate();
+    swarm.discovery_garbage = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -617,6 +622,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.handler_failures,
         swarm.oversize,
         swarm.lost_loads,
+        swarm.discovery_garbage,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -722,10 +728,22 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let Some((from, to)) = two(&mut rng) else { continue };
                     out.push(Fault { at_ms: at(&mut rng, 0), kind: FaultKind::Oversize { from, to } });
                 }
-                _ => {
+                9 => {
                     let Some(host) = pick(&mut rng, &topo.schedulers).cloned() else { continue };
                     let for_ms = rng.gen_range(500..=10_000);
                     out.push(Fault { at_ms: at(&mut rng, for_ms), kind: FaultKind::LostLoads { host, for_ms } });
+                }
+                _ => {
+                    // Armed before the producer's first discovery of the consumer: its
+                    // first requests to the base rank are `peers`, each retry included.
+                    let (Some(from), Some(to)) =
+                        (pick(&mut rng, &topo.producers).cloned(), pick(&mut rng, &bases).cloned())
+                    else {
+                        continue;
+                    };
+                    let kind =
+                        FaultKind::Malformed { from, to, count: rng.gen_range(2..=3), garbage: Garbage::NotJson };
+                    out.push(Fault { at_ms: rng.gen_range(0..=100), kind });
                 }
             }
         }

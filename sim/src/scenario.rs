@@ -602,6 +602,7 @@ mod tests {
                 handler_failures: off,
                 oversize: off,
                 lost_loads: off,
+                discovery_garbage: off,
                 ..p.swarm
             };
             assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");
