@@ -100,6 +100,9 @@ pub struct Swarm {
     /// its discovery there fails on every attempt.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub discovery_garbage: KindRate,
+    /// A P2P application closing its session with one peer for a while.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub peer_close: KindRate,
 }
 
 impl KindRate {
@@ -209,6 +212,10 @@ pub enum FaultKind {
     /// runners hung on them, so only the scheduler's LOADING deadline ends them
     /// (ec-behaviour.md §6.3).
     LostLoads { host: String, for_ms: u64 },
+    /// `host`'s P2P application closes its session with `peer` (`PeerManager::close`: a
+    /// best-effort Disconnect, then dead) and keeps the peer connected again `for_ms`
+    /// later.
+    PeerClose { host: String, peer: String, for_ms: u64 },
 }
 
 impl FaultKind {
@@ -230,6 +237,7 @@ impl FaultKind {
             FaultKind::HandlerFailures { .. } => "handler_failures",
             FaultKind::Oversize { .. } => "oversize",
             FaultKind::LostLoads { .. } => "lost_loads",
+            FaultKind::PeerClose { .. } => "peer_close",
         }
     }
 
@@ -242,7 +250,8 @@ impl FaultKind {
             | FaultKind::LongPartition { for_ms, .. }
             | FaultKind::SlowHandler { for_ms, .. }
             | FaultKind::StopReading { for_ms, .. }
-            | FaultKind::LostLoads { for_ms, .. } => *for_ms,
+            | FaultKind::LostLoads { for_ms, .. }
+            | FaultKind::PeerClose { for_ms, .. } => *for_ms,
             FaultKind::Crash { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
@@ -269,7 +278,9 @@ impl FaultKind {
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
             FaultKind::StopReading { host, .. } | FaultKind::LostLoads { host, .. } => vec![host],
             FaultKind::ForgedIdentity { from, to, .. } | FaultKind::Oversize { from, to } => vec![from, to],
-            FaultKind::HandlerFailures { host, peer, .. } => vec![host, peer],
+            FaultKind::HandlerFailures { host, peer, .. } | FaultKind::PeerClose { host, peer, .. } => {
+                vec![host, peer]
+            }
         }
     }
 
@@ -303,6 +314,7 @@ impl FaultKind {
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
             FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
             FaultKind::LostLoads { host, .. } => vec![format!("loads {host}")],
+            FaultKind::PeerClose { host, peer, .. } => vec![format!("close {host}|{peer}")],
         }
     }
 }
@@ -611,6 +623,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.oversize = rate();
     swarm.lost_loads = rate();
     swarm.discovery_garbage = rate();
+    swarm.peer_close = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -623,6 +636,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.oversize,
         swarm.lost_loads,
         swarm.discovery_garbage,
+        swarm.peer_close,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -733,7 +747,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let for_ms = rng.gen_range(500..=10_000);
                     out.push(Fault { at_ms: at(&mut rng, for_ms), kind: FaultKind::LostLoads { host, for_ms } });
                 }
-                _ => {
+                10 => {
                     // Armed before the producer's first discovery of the consumer: its
                     // first requests to the base rank are `peers`, each retry included.
                     let (Some(from), Some(to)) =
@@ -744,6 +758,11 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let kind =
                         FaultKind::Malformed { from, to, count: rng.gen_range(2..=3), garbage: Garbage::NotJson };
                     out.push(Fault { at_ms: rng.gen_range(0..=100), kind });
+                }
+                _ => {
+                    let Some((host, peer)) = two(&mut rng) else { continue };
+                    let for_ms = rng.gen_range(0..=10_000);
+                    out.push(Fault { at_ms: at(&mut rng, for_ms), kind: FaultKind::PeerClose { host, peer, for_ms } });
                 }
             }
         }
@@ -814,6 +833,10 @@ struct HostFaults {
     forged: BTreeMap<String, Vec<(String, String)>>,
     /// Per `(P2P host, peer)`: role messages from the peer its handler still fails on.
     handler_failures: BTreeMap<(String, String), u32>,
+    /// Per P2P host: peers whose session its application closes now.
+    closes: BTreeMap<String, BTreeSet<String>>,
+    /// Per P2P host: peers it keeps connected again now.
+    reopens: BTreeMap<String, BTreeSet<String>>,
     /// Schedulers whose loads go unreported (a lost-loads fault).
     loads_lost: BTreeSet<String>,
     /// Per P2P host: peers it still owes a message above the frame limit.
@@ -889,6 +912,15 @@ pub fn take_handler_failure(host: &str, peer: &str) -> bool {
             h.handler_failures.remove(&key);
         }
         true
+    })
+}
+
+/// The peers whose session `host`'s application closes now, and the peers it keeps
+/// connected again now (a peer-close fault), each taken once.
+pub fn take_closes(host: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        (h.closes.remove(host).unwrap_or_default(), h.reopens.remove(host).unwrap_or_default())
     })
 }
 
@@ -1001,6 +1033,16 @@ enum Step {
         peer: String,
         count: u32,
     },
+    /// `host`'s P2P application closes its session with `peer`.
+    ClosePeer {
+        host: String,
+        peer: String,
+    },
+    /// `host`'s P2P application keeps `peer` connected again.
+    ReopenPeer {
+        host: String,
+        peer: String,
+    },
     /// Scheduler `host`'s loads go unreported from now.
     LoadsOff {
         host: String,
@@ -1042,6 +1084,7 @@ impl Step {
                 | Step::Restart { .. }
                 | Step::SlowOff { .. }
                 | Step::LoadsOn { .. }
+                | Step::ReopenPeer { .. }
                 | Step::ReadOn { .. }
         )
     }
@@ -1107,6 +1150,10 @@ impl FaultDriver {
                     push(t, i, Step::FailHandler { host, peer, count });
                 }
                 FaultKind::Oversize { from, to } => push(t, i, Step::Oversize { from, to }),
+                FaultKind::PeerClose { host, peer, for_ms } => {
+                    push(t, i, Step::ClosePeer { host: host.clone(), peer: peer.clone() });
+                    push(t + for_ms, i, Step::ReopenPeer { host, peer });
+                }
                 FaultKind::LostLoads { host, for_ms } => {
                     push(t, i, Step::LoadsOff { host: host.clone() });
                     push(t + for_ms, i, Step::LoadsOn { host });
@@ -1167,6 +1214,8 @@ impl FaultDriver {
             h.handler_failures.clear();
             h.oversize.clear();
             h.loads_lost.clear();
+            // A reopen the heal just queued stays: the peer is kept connected again.
+            h.closes.clear();
             h.send_failures.clear();
             h.bounces.clear();
             h.stopped.clear();
@@ -1257,6 +1306,20 @@ impl FaultDriver {
             Step::SlowOff { host } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().delays.remove(&host));
                 rec("slow_off", &[("host", &host)]);
+            }
+            Step::ClosePeer { host, peer } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().closes.entry(host.clone()).or_default().insert(peer.clone()));
+                rec("close", &[("host", &host), ("peer", &peer)]);
+            }
+            Step::ReopenPeer { host, peer } => {
+                HOST_FAULTS.with(|h| {
+                    let mut h = h.borrow_mut();
+                    if let Some(c) = h.closes.get_mut(&host) {
+                        c.remove(&peer);
+                    }
+                    h.reopens.entry(host.clone()).or_default().insert(peer.clone());
+                });
+                rec("reopen", &[("host", &host), ("peer", &peer)]);
             }
             Step::LoadsOff { host } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().loads_lost.insert(host.clone()));

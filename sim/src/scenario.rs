@@ -603,6 +603,7 @@ mod tests {
                 oversize: off,
                 lost_loads: off,
                 discovery_garbage: off,
+                peer_close: off,
                 ..p.swarm
             };
             assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");

@@ -128,7 +128,8 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
         | FaultKind::LongPartition { for_ms, .. }
         | FaultKind::SlowHandler { for_ms, .. }
         | FaultKind::StopReading { for_ms, .. }
-        | FaultKind::LostLoads { for_ms, .. } => *for_ms = half(*for_ms)?,
+        | FaultKind::LostLoads { for_ms, .. }
+        | FaultKind::PeerClose { for_ms, .. } => *for_ms = half(*for_ms)?,
         FaultKind::Crash { down_ms, .. } => *down_ms = half(*down_ms)?,
         FaultKind::Malformed { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
         FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => match (half(*partition_ms), half(*gap_ms)) {

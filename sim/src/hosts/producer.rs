@@ -417,7 +417,7 @@ async fn write(
             Ok(())
         }
         Ok(Some(finding)) => {
-            crate::oracle::violate("write-owned", host, format!("{session}: {finding}"));
+            crate::oracle::violate("write-owned", host, format!("{session}: {finding} (a write for {transfer_id})"));
             Ok(())
         }
         // A consumer granted a destination outside the memory it registered: on a real

@@ -299,6 +299,14 @@ impl Peer {
         for (to, claims) in faults::take_forged(&self.name) {
             self.forge(&to, &claims);
         }
+        let (closes, reopens) = faults::take_closes(&self.name);
+        for host in closes {
+            self.close_session(&peer_id(&host)).await;
+        }
+        for host in reopens {
+            trace::record(&self.name, "p2p.reopen", &[("peer", &host)]);
+            self.manager.keep_connected(&peer_id(&host), now);
+        }
         if self.fatal.is_some() {
             return;
         }
@@ -513,6 +521,23 @@ impl Peer {
                 "p2p-dispatch-errors",
                 &self.name,
                 format!("session {session} with {peer} is alive after {failures} handler failures in a row"),
+            );
+        }
+    }
+
+    /// A peer-close fault: the application closes its session with `peer`. `p2p-closed`:
+    /// the session is dead once `close` returns (its Disconnect queued first).
+    async fn close_session(&mut self, peer: &str) {
+        let session = self.manager.session_id(peer);
+        trace::record(&self.name, "p2p.close", &[("peer", &peer), ("session", &format_args!("{session:?}"))]);
+        self.manager.close(peer);
+        self.settle().await;
+        let Some(session) = session else { return };
+        if self.manager.session_id(peer) == Some(session) && self.manager.is_alive(peer) {
+            oracle::violate(
+                "p2p-closed",
+                &self.name,
+                format!("session {session} with {peer} is still alive after the application closed it"),
             );
         }
     }
