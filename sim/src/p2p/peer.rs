@@ -557,6 +557,12 @@ impl Peer {
     /// connection and a session that never handshakes (p2p-behaviour.md S10).
     async fn flood(&mut self, n: u32, now: Instant) {
         trace::record(&self.name, "p2p.flood", &[("count", &n)]);
+        // Requests naming addresses that are not `host:port` come with it: each must be
+        // refused before anything is opened (`p2p-peer-id`).
+        for bad in [self.name.clone(), format!("{}:tcp", self.name), format!(":{PORT}")] {
+            self.manager.connect_once(&bad, now);
+            self.settle().await;
+        }
         for i in 0..n {
             let Some(port) = u16::try_from(i).ok().and_then(|i| FLOOD_PORT.checked_add(i)) else { break };
             self.manager.connect_once(&format!("{}:{port}", self.name), now);
@@ -672,6 +678,15 @@ impl Peer {
         while let Some(action) = self.manager.poll_action() {
             match action {
                 Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
+                    let host_port =
+                        peer.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+                    if !host_port {
+                        oracle::violate(
+                            "p2p-peer-id",
+                            &self.name,
+                            format!("a DEALER opened to {endpoint} for {peer:?}, which is not host:port"),
+                        );
+                    }
                     let inbound = self.manager.registry().direction(&peer) == Some(Direction::Inbound);
                     if inbound && !self.known.contains(&peer) {
                         oracle::violate(
