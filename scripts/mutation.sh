@@ -79,7 +79,7 @@ if [[ "$iterate" == 1 ]]; then
     shopt -u nullglob
     if [[ -z "$only" ]]; then
         echo "== every mutant of this run in $out is judged already"
-        python3 scripts/mutation_table.py "$out"/outcomes-*.json | tee "$out/table.md"
+        python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "$out"/outcomes-*.json | tee "$out/table.md"
         exit 0
     fi
     args=("${base[@]}" --re "$only")
@@ -115,4 +115,4 @@ case "$status" in
 esac
 cd "$root"
 shopt -s nullglob
-python3 scripts/mutation_table.py "$out"/outcomes-*.json "$out/mutants.out/outcomes.json" | tee "$out/table.md"
+python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "$out"/outcomes-*.json "$out/mutants.out/outcomes.json" | tee "$out/table.md"

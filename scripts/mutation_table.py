@@ -6,8 +6,12 @@ survivors, kill rate among the viable; then every survivor by name.
 Several outcomes.json files (the shards of one run) merge into one table; a mutant found
 in more than one file counts once, with its outcome in the last file named.
 
-    mutation_table.py [--min-kill-rate PCT] OUTCOMES_JSON...
+    mutation_table.py [--min-kill-rate PCT] [--equivalent LIST] OUTCOMES_JSON...
     mutation_table.py --pending LISTED OUTCOMES_JSON...
+
+`--equivalent` names a file of mutants judged equivalent (one name per line, `#` starts a
+comment: the reason): survivors named there are listed apart and left out of the rate the
+gate applies, killed among the viable that are not equivalent.
 
 `--pending` prints, as one anchored regular expression for cargo-mutants' `--re`, the
 mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or unviable
@@ -32,6 +36,7 @@ class Table:
     rows: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     survivors: list[str] = field(default_factory=list)
     timeouts: list[str] = field(default_factory=list)
+    equivalent: list[str] = field(default_factory=list)
 
     def total(self) -> dict[str, int]:
         total: dict[str, int] = defaultdict(int)
@@ -44,6 +49,17 @@ class Table:
         """Killed among the viable, in percent; None when nothing was viable."""
         total = self.total()
         return 100 * total["killed"] / total["viable"] if total["viable"] else None
+
+    def judged_rate(self) -> float | None:
+        """Killed among the viable mutants not judged equivalent, in percent."""
+        total = self.total()
+        seen = total["viable"] - len(self.equivalent)
+        return 100 * total["killed"] / seen if seen > 0 else None
+
+    def set_aside(self, equivalent: set[str]) -> None:
+        """Moves the survivors named in `equivalent` out of the survivor list."""
+        self.equivalent = sorted(name for name in self.survivors if name in equivalent)
+        self.survivors = [name for name in self.survivors if name not in equivalent]
 
 
 def merge(reports: list[dict]) -> Table:
@@ -96,7 +112,16 @@ def render(table: Table) -> str:
     ]
     lines += [line(file, table.rows[file]) for file in sorted(table.rows)]
     lines.append(line("**all**", table.total()))
-    for title, names in (("Survivors", table.survivors), ("Timed out", table.timeouts)):
+    if table.equivalent:
+        rate = table.judged_rate()
+        shown = "-" if rate is None else f"{rate:.0f}%"
+        seen = table.total()["viable"] - len(table.equivalent)
+        lines.append(f"\nKilled among the {seen} viable mutants not judged equivalent: {shown}")
+    for title, names in (
+        ("Survivors", table.survivors),
+        ("Timed out", table.timeouts),
+        ("Equivalent survivors", table.equivalent),
+    ):
         if names:
             lines.append(f"\n{title} ({len(names)}):")
             lines += [f"- {name}" for name in sorted(names)]
@@ -114,6 +139,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mutation_table.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--min-kill-rate", type=float, default=None, metavar="PCT")
     parser.add_argument("--pending", default=None, metavar="LISTED")
+    parser.add_argument("--equivalent", default=None, metavar="LIST")
     parser.add_argument("outcomes", nargs="*", metavar="OUTCOMES_JSON")
     args = parser.parse_args(argv)
     if args.pending is None and not args.outcomes:
@@ -136,8 +162,16 @@ def main(argv: list[str]) -> int:
         print(pending_regex(listed, reports))
         return 0
     table = merge(reports)
+    if args.equivalent is not None:
+        try:
+            with open(args.equivalent, encoding="utf-8") as f:
+                names = {line.split("#", 1)[0].strip() for line in f}
+        except OSError as e:
+            print(f"mutation_table.py: cannot read {args.equivalent}: {e}", file=sys.stderr)
+            return 2
+        table.set_aside(names - {""})
     print(render(table))
-    rate = table.kill_rate()
+    rate = table.judged_rate() if args.equivalent is not None else table.kill_rate()
     if args.min_kill_rate is not None and (rate is None or rate < args.min_kill_rate):
         shown = "no viable mutant" if rate is None else f"{rate:.1f}%"
         print(f"mutation_table.py: kill rate {shown} is below {args.min_kill_rate:g}%", file=sys.stderr)

@@ -88,3 +88,23 @@ def test_pending_names_what_no_run_killed_or_found_unviable(tmp_path: Path, caps
     path.write_text("\n".join(listed) + "\n")
     assert mutation_table.main(["--pending", str(path), write(tmp_path, "o.json", earlier)]) == 0
     assert capsys.readouterr().out.strip() == regex
+
+
+def test_equivalent_survivors_are_listed_apart_and_left_out_of_the_gate(tmp_path: Path, capsys) -> None:
+    path = write(tmp_path, "o.json", report(
+        outcome("a.rs", 1, "CaughtMutant"),
+        outcome("a.rs", 2, "CaughtMutant"),
+        outcome("a.rs", 3, "MissedMutant"),
+        outcome("a.rs", 4, "MissedMutant"),
+    ))
+    listed = tmp_path / "equivalent.txt"
+    listed.write_text("# reasons follow each name\na.rs:4:5: replace f -> bool with true  # an accessor\n\n")
+    assert mutation_table.main(["--min-kill-rate", "60", path]) == 1
+    capsys.readouterr()
+    assert mutation_table.main(["--min-kill-rate", "60", "--equivalent", str(listed), path]) == 0
+    out = capsys.readouterr().out
+    assert "Killed among the 3 viable mutants not judged equivalent: 67%" in out
+    assert "Survivors (1):\n- a.rs:3:5" in out
+    assert "Equivalent survivors (1):\n- a.rs:4:5" in out
+    assert mutation_table.main(["--min-kill-rate", "70", "--equivalent", str(listed), path]) == 1
+    assert mutation_table.main(["--equivalent", str(tmp_path / "missing.txt"), path]) == 2
