@@ -1465,4 +1465,22 @@ mod tests {
         assert_eq!(take_malformed("a"), None);
         assert_eq!(handler_delay("a"), None);
     }
+
+    #[test]
+    fn host_table_counts_handler_failures_down_and_hands_out_closes_once() {
+        reset();
+        HOST_FAULTS.with(|h| {
+            let mut h = h.borrow_mut();
+            h.handler_failures.insert(("a".into(), "b".into()), 2);
+            h.closes.entry("a".into()).or_default().insert("b".into());
+            h.reopens.entry("a".into()).or_default().insert("c".into());
+        });
+        assert!(!take_handler_failure("a", "c"), "only the named peer's messages fail");
+        assert!(take_handler_failure("a", "b"));
+        assert!(take_handler_failure("a", "b"));
+        assert!(!take_handler_failure("a", "b"), "two failures, then the handler works");
+        let one = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<String>>();
+        assert_eq!(take_closes("a"), (one(&["b"]), one(&["c"])));
+        assert_eq!(take_closes("a"), (BTreeSet::new(), BTreeSet::new()));
+    }
 }

@@ -41,9 +41,9 @@ pub const MAX_SOCKETS: usize = 1023;
 /// Sockets one connection holds: its DEALER, the monitor PAIR reading it and libzmq's
 /// own PAIR publishing the monitor events.
 const SOCKETS_PER_CONNECTION: usize = 3;
-/// Largest key a lookup may carry (p2p-behaviour.md §2.2): an oversize message is made of
-/// keys this long.
-const MAX_KEY_BYTES: usize = 4096;
+/// Bytes per key of an oversize lookup: long keys keep the key count of a message past
+/// even the 64 MiB limit in the thousands.
+const OVERSIZE_KEY_BYTES: usize = 4096;
 /// First port of the unreachable peers a peer flood names (nothing listens there).
 const FLOOD_PORT: u16 = PORT + 1;
 /// `p2p-progress`: the longest a manager tick may take. Nothing in a tick waits (every
@@ -546,7 +546,7 @@ impl Peer {
     /// which the sender must refuse (`p2p-frame-limit` judges what reaches a DEALER).
     async fn oversize(&mut self, peer: &str) {
         let Some(limit) = self.max_message_bytes else { return };
-        let keys = vec![vec![0u8; MAX_KEY_BYTES]; limit / MAX_KEY_BYTES + 1];
+        let keys = vec![vec![0u8; OVERSIZE_KEY_BYTES]; limit / OVERSIZE_KEY_BYTES + 1];
         let kv = format!("{}.{}.oversize", self.name, self.inc);
         let sent = self.manager.send(peer, Message::Lookup { kv_request_id: kv, keys, round_seq: 0 });
         trace::record(&self.name, "p2p.oversize", &[("peer", &peer), ("limit", &limit), ("ok", &sent.is_ok())]);
