@@ -125,7 +125,7 @@ pub fn run_in(only: &[String], first: u64, cap: u64, generic: bool, out: &mut im
             if r.ok() { "" } else { "  FAILED" }
         );
         for (s, o) in &r.fixed_failures {
-            let _ = writeln!(out, "  fixed run of seed {s} fired {o}: ctlsim run --seed {s} --scenario {name}");
+            let _ = writeln!(out, "  fixed run of seed {s} fired {o}: ctlsim run --seed {s} --scenario {name} --fixed");
         }
         let _ = out.flush();
         rows.push(r);

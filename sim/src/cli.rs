@@ -77,6 +77,9 @@ pub struct RunArgs {
     /// Run this fault plan (JSON, as `ctlsim plan` prints it) instead of the seed's own.
     #[arg(long, value_name = "FILE")]
     pub plan: Option<PathBuf>,
+    /// Run a race scenario with its switches off: the catalogue's fixed run.
+    #[arg(long)]
+    pub fixed: bool,
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +95,9 @@ pub struct ReplayArgs {
     /// Write the trace as Chrome trace-event JSON (ui.perfetto.dev) to FILE.
     #[arg(long, value_name = "FILE")]
     pub perfetto: Option<PathBuf>,
+    /// Replay a race scenario with its switches off: the catalogue's fixed run.
+    #[arg(long)]
+    pub fixed: bool,
 }
 
 #[derive(Debug, Args)]
@@ -189,11 +195,13 @@ pub fn execute(command: Command, out: &mut impl Write) -> Result<bool, CliError>
     match command {
         Command::Run(a) => {
             let plan = load_plan(a.plan.as_deref(), &a.world)?;
-            one(&a.world, plan, a.plan.as_deref(), (a.trace.as_deref(), a.perfetto.as_deref()), false, out)
+            let paths = (a.trace.as_deref(), a.perfetto.as_deref());
+            one(&a.world, (plan, a.plan.as_deref()), paths, (a.fixed, false), out)
         }
         Command::Replay(a) => {
             let plan = load_plan(a.plan.as_deref(), &a.world)?;
-            one(&a.world, plan, a.plan.as_deref(), (a.trace.as_deref(), a.perfetto.as_deref()), true, out)
+            let paths = (a.trace.as_deref(), a.perfetto.as_deref());
+            one(&a.world, (plan, a.plan.as_deref()), paths, (a.fixed, true), out)
         }
         Command::Plan(a) => {
             let plan = crate::scenario::plan(a.world.seed, &a.world.scenario)
@@ -236,9 +244,16 @@ pub fn replay_command(seed: u64, scenario: &str, plan: Option<&Path>) -> String 
 }
 
 /// Runs one seed, catching a panic as a failed run.
-fn run_seed(seed: u64, scenario: &str, plan: Option<FaultPlan>, keep_trace: bool) -> Result<RunReport, String> {
+/// Runs one seed (`switched`: a race scenario's switches on, as `scenario::run` does).
+fn run_seed(
+    seed: u64,
+    scenario: &str,
+    plan: Option<FaultPlan>,
+    keep_trace: bool,
+    switched: bool,
+) -> Result<RunReport, String> {
     let config = RunConfig { seed, scenario: scenario.to_string(), plan, keep_trace };
-    std::panic::catch_unwind(|| crate::scenario::run(&config)).map_err(|p| {
+    std::panic::catch_unwind(|| crate::scenario::run_switched(&config, switched)).map_err(|p| {
         p.downcast_ref::<String>()
             .cloned()
             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
@@ -248,12 +263,19 @@ fn run_seed(seed: u64, scenario: &str, plan: Option<FaultPlan>, keep_trace: bool
 
 fn one(
     world: &World,
-    plan: Option<FaultPlan>,
-    plan_path: Option<&Path>,
+    (plan, plan_path): (Option<FaultPlan>, Option<&Path>),
     (trace_path, perfetto_path): (Option<&Path>, Option<&Path>),
-    print_plan: bool,
+    (fixed, print_plan): (bool, bool),
     out: &mut impl Write,
 ) -> Result<bool, CliError> {
+    let replay = || {
+        let command = replay_command(world.seed, &world.scenario, plan_path);
+        if fixed {
+            format!("{command} --fixed")
+        } else {
+            command
+        }
+    };
     topology(&world.scenario)?;
     let seed = world.seed;
     if print_plan {
@@ -264,11 +286,12 @@ fn one(
         let _ = writeln!(out, "plan:\n{}", shown.to_json());
     }
     let wall = Instant::now();
-    let report = match run_seed(seed, &world.scenario, plan, trace_path.is_some() || perfetto_path.is_some()) {
+    let keep_trace = trace_path.is_some() || perfetto_path.is_some();
+    let report = match run_seed(seed, &world.scenario, plan, keep_trace, !fixed) {
         Ok(r) => r,
         Err(panic) => {
             let _ = writeln!(out, "seed {seed} ({}): the run panicked: {panic}", world.scenario);
-            let _ = writeln!(out, "replay: {}", replay_command(seed, &world.scenario, plan_path));
+            let _ = writeln!(out, "replay: {}", replay());
             return Ok(false);
         }
     };
@@ -305,7 +328,7 @@ fn one(
         Ok(true)
     } else {
         let _ = writeln!(out, "FAILED: {} violation(s)", report.violations.len());
-        let _ = writeln!(out, "replay: {}", replay_command(seed, &world.scenario, plan_path));
+        let _ = writeln!(out, "replay: {}", replay());
         Ok(false)
     }
 }
@@ -334,7 +357,7 @@ fn sweep(a: &SweepArgs, out: &mut impl Write) -> Result<bool, CliError> {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(&seed) = seeds.get(i) else { return };
             let cpu = crate::sweep_record::thread_cpu_seconds();
-            let outcome = run_seed(seed, &scenario, None, false);
+            let outcome = run_seed(seed, &scenario, None, false, true);
             let cpu_s = crate::sweep_record::thread_cpu_seconds() - cpu;
             let record = match outcome {
                 Ok(r) => SeedRecord {
