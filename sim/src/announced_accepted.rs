@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ctlplane_core::ec::defaults::PUSH_WAIT_TIMEOUT;
 
-use crate::faults::FaultPlan;
+use crate::faults::{FaultKind, FaultPlan};
 use crate::hosts::world::{self, ItemFate};
 
 /// Time for the last event to cross the link and be read: far more than the link latency
@@ -39,7 +39,9 @@ pub fn check(now_ns: u64, plan: &FaultPlan) -> u64 {
             let deadline_ns = req.at.as_nanos() + push_wait.as_nanos() as u64;
             let deadline_ms = deadline_ns / 1_000_000;
             let stream_hit = plan.faults.iter().any(|f| {
-                f.at_ms < deadline_ms
+                // Lost loads break no event stream; their items are excused one by one.
+                !matches!(f.kind, FaultKind::LostLoads { .. })
+                    && f.at_ms < deadline_ms
                     && f.kind
                         .hosts()
                         .iter()
@@ -49,7 +51,7 @@ pub fn check(now_ns: u64, plan: &FaultPlan) -> u64 {
                 continue;
             }
             for (item, fate) in req.items.iter().zip(&st.fates) {
-                if *fate != Some(ItemFate::Unavailable) {
+                if *fate != Some(ItemFate::Unavailable) || w.loads_lost.contains_key(&item.transfer_id) {
                     continue;
                 }
                 let Some(ranks) = w.published.get(&(req.consumer, item.transfer_id.clone())) else { continue };

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use ctlplane_core::ec::defaults::{CONTROL_TIMEOUT, PUSH_WAIT_TIMEOUT, RESERVATION_TTL};
 
-use crate::faults::FaultPlan;
+use crate::faults::{FaultKind, FaultPlan};
 use crate::hosts::world::{self, ItemFate, World};
 
 /// After a fault heals, how long its effects may last: a request in flight met its client
@@ -53,6 +53,8 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
     let fault_windows = |hosts: &[&str]| -> Vec<(u64, u64)> {
         plan.faults
             .iter()
+            // Lost loads hold up only the items whose load was lost: excused one by one.
+            .filter(|f| !matches!(f.kind, FaultKind::LostLoads { .. }))
             .filter(|f| f.kind.hosts().iter().any(|h| hosts.contains(h)))
             .map(|f| (f.at_ms, f.at_ms + f.kind.span_ms()))
             .collect()
@@ -81,7 +83,8 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
         // A restarted rank binds a new ephemeral event port and the scheduler's inbox
         // never re-discovers (docs/ec-behaviour.md §6.1): its events are lost for good.
         let restarted = w.rank_incarnations(req.consumer).iter().any(|(_, i)| *i != 0);
-        if pressure || restarted {
+        let load_lost = req.items.iter().any(|i| w.loads_lost.contains_key(&i.transfer_id));
+        if pressure || restarted || load_lost {
             return false;
         }
         let mut path: Vec<&str> = w.topo.schedulers.iter().map(String::as_str).collect();

@@ -208,10 +208,10 @@ pub enum FaultKind {
     /// `from`'s P2P application sends `to` one lookup whose frame is larger than the
     /// world's frame limit (nothing when the world has none).
     Oversize { from: String, to: String },
-    /// For `for_ms`, the loads scheduler `host` begins are never reported: the model
-    /// runners hung on them, so only the scheduler's LOADING deadline ends them
+    /// For `for_ms`, the first `count` loads scheduler `host` begins are never reported:
+    /// the model runners hung on them, so only the scheduler's LOADING deadline ends them
     /// (ec-behaviour.md §6.3).
-    LostLoads { host: String, for_ms: u64 },
+    LostLoads { host: String, for_ms: u64, count: u32 },
     /// `host`'s P2P application closes its session with `peer` (`PeerManager::close`: a
     /// best-effort Disconnect, then dead) and keeps the peer connected again `for_ms`
     /// later.
@@ -745,7 +745,9 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                 9 => {
                     let Some(host) = pick(&mut rng, &topo.schedulers).cloned() else { continue };
                     let for_ms = rng.gen_range(500..=10_000);
-                    out.push(Fault { at_ms: at(&mut rng, for_ms), kind: FaultKind::LostLoads { host, for_ms } });
+                    let count = rng.gen_range(1..=3);
+                    let kind = FaultKind::LostLoads { host, for_ms, count };
+                    out.push(Fault { at_ms: at(&mut rng, for_ms), kind });
                 }
                 10 => {
                     // Armed before the producer's first discovery of the consumer: its
@@ -838,7 +840,7 @@ struct HostFaults {
     /// Per P2P host: peers it keeps connected again now.
     reopens: BTreeMap<String, BTreeSet<String>>,
     /// Schedulers whose loads go unreported (a lost-loads fault).
-    loads_lost: BTreeSet<String>,
+    loads_lost: BTreeMap<String, u32>,
     /// Per P2P host: peers it still owes a message above the frame limit.
     oversize: BTreeMap<String, BTreeSet<String>>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
@@ -924,9 +926,15 @@ pub fn take_closes(host: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     })
 }
 
-/// Whether the loads scheduler `host` begins now go unreported (a lost-loads fault).
-pub fn loads_lost(host: &str) -> bool {
-    HOST_FAULTS.with(|h| h.borrow().loads_lost.contains(host))
+/// Whether the load scheduler `host` begins now goes unreported (one of a lost-loads
+/// fault's, taken).
+pub fn take_lost_load(host: &str) -> bool {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let Some(left) = h.loads_lost.get_mut(host).filter(|n| **n > 0) else { return false };
+        *left -= 1;
+        true
+    })
 }
 
 /// Whether `host` owes `peer` a message above the frame limit now (taken once).
@@ -1046,6 +1054,7 @@ enum Step {
     /// Scheduler `host`'s loads go unreported from now.
     LoadsOff {
         host: String,
+        count: u32,
     },
     /// Scheduler `host`'s loads are reported again.
     LoadsOn {
@@ -1154,8 +1163,8 @@ impl FaultDriver {
                     push(t, i, Step::ClosePeer { host: host.clone(), peer: peer.clone() });
                     push(t + for_ms, i, Step::ReopenPeer { host, peer });
                 }
-                FaultKind::LostLoads { host, for_ms } => {
-                    push(t, i, Step::LoadsOff { host: host.clone() });
+                FaultKind::LostLoads { host, for_ms, count } => {
+                    push(t, i, Step::LoadsOff { host: host.clone(), count });
                     push(t + for_ms, i, Step::LoadsOn { host });
                 }
                 FaultKind::ReplaceRace { host, peer } => push(t, i, Step::ArmSendFailure { from: peer, to: host }),
@@ -1321,8 +1330,8 @@ impl FaultDriver {
                 });
                 rec("reopen", &[("host", &host), ("peer", &peer)]);
             }
-            Step::LoadsOff { host } => {
-                HOST_FAULTS.with(|h| h.borrow_mut().loads_lost.insert(host.clone()));
+            Step::LoadsOff { host, count } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().loads_lost.insert(host.clone(), count));
                 rec("loads_off", &[("host", &host)]);
             }
             Step::LoadsOn { host } => {

@@ -69,12 +69,9 @@ const LOST_LOAD_MARGIN: std::time::Duration = std::time::Duration::from_secs(15)
 /// Whether a load `host` begins at `now` goes unreported (a lost-loads fault), only while
 /// the scheduler's LOADING deadline still falls well inside the run.
 fn load_lost(host: &str, now: Instant) -> bool {
-    if !crate::faults::loads_lost(host) {
-        return false;
-    }
     let wait = world::with(|w| w.knobs.push_wait_timeout).unwrap_or(ReadinessConfig::default().push_wait_timeout);
     let end = Instant::from_nanos(crate::engine::END.as_nanos() as u64);
-    now + wait + crate::oracle::RESOLVE_SLACK + LOST_LOAD_MARGIN < end
+    now + wait + crate::oracle::RESOLVE_SLACK + LOST_LOAD_MARGIN < end && crate::faults::take_lost_load(host)
 }
 
 /// Runs the scheduler. A restart loses every request in flight (they die with the
