@@ -28,6 +28,11 @@ def write(tmp_path: Path, name: str, data: dict) -> str:
     return str(path)
 
 
+def run_of(tmp_path: Path, *summaries: str) -> str:
+    """An outcomes file of mutants a.rs:1, a.rs:2, ... with these summaries, in order."""
+    return write(tmp_path, "o.json", report(*(outcome("a.rs", i, s) for i, s in enumerate(summaries, 1))))
+
+
 def test_counts_per_file_leave_the_baseline_out() -> None:
     table = mutation_table.merge([report(
         outcome("a.rs", 1, "CaughtMutant"),
@@ -53,12 +58,7 @@ def test_shards_merge_and_a_mutant_seen_twice_counts_once_with_its_last_outcome(
 
 
 def test_the_gate_fails_below_the_rate_and_passes_at_it(tmp_path: Path, capsys) -> None:
-    path = write(tmp_path, "o.json", report(
-        outcome("a.rs", 1, "CaughtMutant"),
-        outcome("a.rs", 2, "CaughtMutant"),
-        outcome("a.rs", 3, "CaughtMutant"),
-        outcome("a.rs", 4, "MissedMutant"),
-    ))
+    path = run_of(tmp_path, "CaughtMutant", "CaughtMutant", "CaughtMutant", "MissedMutant")
     assert mutation_table.main(["--min-kill-rate", "75", path]) == 0
     assert mutation_table.main(["--min-kill-rate", "80", path]) == 1
     assert "kill rate 75.0% is below 80%" in capsys.readouterr().err
@@ -91,12 +91,7 @@ def test_pending_names_what_no_run_killed_or_found_unviable(tmp_path: Path, caps
 
 
 def test_equivalent_survivors_are_listed_apart_and_left_out_of_the_gate(tmp_path: Path, capsys) -> None:
-    path = write(tmp_path, "o.json", report(
-        outcome("a.rs", 1, "CaughtMutant"),
-        outcome("a.rs", 2, "CaughtMutant"),
-        outcome("a.rs", 3, "MissedMutant"),
-        outcome("a.rs", 4, "MissedMutant"),
-    ))
+    path = run_of(tmp_path, "CaughtMutant", "CaughtMutant", "MissedMutant", "MissedMutant")
     listed = tmp_path / "equivalent.txt"
     listed.write_text("# reasons follow each name\na.rs:4:5: replace f -> bool with true  # an accessor\n\n")
     assert mutation_table.main(["--min-kill-rate", "60", path]) == 1

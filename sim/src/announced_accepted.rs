@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ctlplane_core::ec::defaults::PUSH_WAIT_TIMEOUT;
 
-use crate::faults::{FaultKind, FaultPlan};
+use crate::faults::FaultPlan;
 use crate::hosts::world::{self, ItemFate};
 
 /// Time for the last event to cross the link and be read: far more than the link latency
@@ -39,8 +39,7 @@ pub fn check(now_ns: u64, plan: &FaultPlan) -> u64 {
             let deadline_ns = req.at.as_nanos() + push_wait.as_nanos() as u64;
             let deadline_ms = deadline_ns / 1_000_000;
             let stream_hit = plan.faults.iter().any(|f| {
-                // Lost loads break no event stream; their items are excused one by one.
-                !matches!(f.kind, FaultKind::LostLoads { .. })
+                !f.kind.excused_per_item()
                     && f.at_ms < deadline_ms
                     && f.kind
                         .hosts()

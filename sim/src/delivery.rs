@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use ctlplane_core::ec::defaults::{CONTROL_TIMEOUT, PUSH_WAIT_TIMEOUT, RESERVATION_TTL};
 
-use crate::faults::{FaultKind, FaultPlan};
+use crate::faults::FaultPlan;
 use crate::hosts::world::{self, ItemFate, World};
 
 /// After a fault heals, how long its effects may last: a request in flight met its client
@@ -53,8 +53,7 @@ fn undelivered(w: &World, plan: &FaultPlan) -> (u64, Vec<String>) {
     let fault_windows = |hosts: &[&str]| -> Vec<(u64, u64)> {
         plan.faults
             .iter()
-            // Lost loads hold up only the items whose load was lost: excused one by one.
-            .filter(|f| !matches!(f.kind, FaultKind::LostLoads { .. }))
+            .filter(|f| !f.kind.excused_per_item())
             .filter(|f| f.kind.hosts().iter().any(|h| hosts.contains(h)))
             .map(|f| (f.at_ms, f.at_ms + f.kind.span_ms()))
             .collect()

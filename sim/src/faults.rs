@@ -263,6 +263,13 @@ impl FaultKind {
         }
     }
 
+    /// Whether the oracles excuse this fault's harm item by item (the world records the
+    /// items it hit) rather than every request near a host it names: lost loads hold up
+    /// only the loads they lost.
+    pub fn excused_per_item(&self) -> bool {
+        matches!(self, FaultKind::LostLoads { .. })
+    }
+
     /// Every host the fault names.
     pub fn hosts(&self) -> Vec<&str> {
         match self {

@@ -60,17 +60,10 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
             .filter(|s| incarnation == 0 && s.consumer % w.topo.consumers.len().max(1) == consumer);
         Some((spec.clone(), rank, consumer, index, w.seed, w.regressions, w.knobs.max_pending_events, shutdown))
     })?;
-    let plan = match spec.plan() {
-        Ok(plan) => plan,
-        Err(e) => {
-            crate::trace::record(&host, "ec.shard.bad_config", &[("error", &e)]);
-            return None;
-        }
-    };
     let event_port = EVENT_PORT_BASE + 1000 * consumer as u16 + 100 * rank as u16 + (incarnation % 100) as u16;
     let session = format!("{host}:{}", RPC_PORT + (incarnation % 1000) as u16);
     let slab_base = 0x7000_0000_0000u64 + ((index as u64) << 36);
-    let mut config = match ShardConfig::for_rank(&plan, rank, spec.pool_bytes) {
+    let mut config = match spec.plan().and_then(|plan| ShardConfig::for_rank(&plan, rank, spec.pool_bytes)) {
         Ok(config) => config,
         Err(e) => {
             crate::trace::record(&host, "ec.shard.bad_config", &[("error", &e)]);
