@@ -179,7 +179,13 @@ pub const RACES: &[Race] = &[
     Race {
         scenario: "p2p-s1",
         title: "connect assertion on a dead registration",
-        switches: Some(|| with(|r| r.t0.connect_refuses_any = true)),
+        // The T0 lineage's assertion ended the engine: the manager lets it escape.
+        switches: Some(|| {
+            with(|r| {
+                r.t0.connect_refuses_any = true;
+                r.manager.errors_escape = true;
+            })
+        }),
         oracles: &["p2p-handshake-liveness"],
     },
     Race {
@@ -197,7 +203,13 @@ pub const RACES: &[Race] = &[
     Race {
         scenario: "p2p-s4",
         title: "EADDRINUSE on a reused monitor endpoint",
-        switches: Some(|| with(|r| r.t0.monitor_without_seq = true)),
+        // The T0 lineage's EADDRINUSE ended the engine: the manager lets it escape.
+        switches: Some(|| {
+            with(|r| {
+                r.t0.monitor_without_seq = true;
+                r.manager.errors_escape = true;
+            })
+        }),
         oracles: &["monitor-closed-once", "p2p-handshake-liveness"],
     },
     Race {
@@ -257,7 +269,12 @@ pub const RACES: &[Race] = &[
     Race {
         scenario: "ec-dup-push",
         title: "two pushes of one transfer id: one's abandon frees the other's destination",
-        switches: Some(|| with(|r| r.book.dup_push_shares_grant = true)),
+        switches: Some(|| {
+            with(|r| {
+                r.book.dup_push_shares_grant = true;
+                r.push.dup_push_abandons_refused = true;
+            })
+        }),
         oracles: &["write-owned", "accept-before-ready"],
     },
 ];

@@ -9,7 +9,7 @@ use ctlplane_core::ec::producer::{
     Transmit,
 };
 use ctlplane_core::ec::readiness::{EventFate, Readiness};
-use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, RequestSlot, SlotRegressions};
+use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, ReplyError, RequestSlot, SlotRegressions};
 use ctlplane_core::ec::reservations::{BookRegressions, ReserveRequest, Reserved};
 use ctlplane_core::ec::shard::{reply_result, Halt, ShardRegressions};
 use ctlplane_core::ec::topology::TopologyCache;
@@ -390,6 +390,8 @@ enum Fate {
     Fail,
     /// Runs on the shard; the reply is lost.
     LoseReply,
+    /// Never runs on the shard; the client hears its refusal (`ok: false`).
+    Refuse,
 }
 
 type Rule = Box<dyn Fn(&str, &Value) -> Fate>;
@@ -435,11 +437,12 @@ impl World {
                 self.sent.push((addr.clone(), request.clone()));
                 let fate = (self.rule)(&addr, &request);
                 let reply = match (fate, self.shards.get_mut(&addr)) {
-                    (Fate::Fail, _) | (_, None) => Err(TIMEOUT.to_string()),
+                    (Fate::Fail, _) | (_, None) => Err(TIMEOUT.into()),
+                    (Fate::Refuse, _) => Err(ReplyError::Refused("malformed control request".into())),
                     (Fate::Deliver, Some(s)) => reply_result(&s.handle_request(&frame, self.now)),
                     (Fate::LoseReply, Some(s)) => {
                         s.handle_request(&frame, self.now);
-                        Err(TIMEOUT.to_string())
+                        Err(TIMEOUT.into())
                     }
                 };
                 self.coord.handle_reply(token, reply, self.now);
@@ -599,12 +602,42 @@ fn ec_s16_a_failed_item_keeps_its_grants_on_the_other_shards() {
         assert_eq!(w.outcomes(), vec![ItemOutcome::Failed { error: "EC consumer buffer pool is full".into() }]);
         results.push((w.cancels_to(0).len(), w.cancels_to(1), w.state(0, "t1"), w.used(0)));
     }
-    assert_eq!(results[0], (1, vec![String::new()], Some(State::Cancelled), 0), "fixed: rank 0's grant is abandoned");
+    assert_eq!(results[0], (1, vec![], Some(State::Cancelled), 0), "fixed: rank 0's grant is abandoned");
     let (cancels0, cancels1, state, used) = &results[1];
     assert_eq!(*cancels0, 0, "historical: rank 0 keeps a WRITING reservation nobody will write");
-    assert_eq!(cancels1, &vec![String::new()], "the failed shard still gets its empty-id abandon");
+    assert!(cancels1.is_empty(), "the shard that refused holds nothing to abandon");
     assert_eq!(*state, Some(State::Writing));
     assert!(*used > 0);
+}
+
+#[test]
+fn ec_dup_push_an_abandon_sent_where_the_reserve_was_refused_frees_the_other_push() {
+    let refuse_rank1_reserve: fn(&str, &Value) -> Fate =
+        |a, r| if a == addr(1) && r["op"] == "reserve" { Fate::Refuse } else { Fate::Deliver };
+    let mut results = Vec::new();
+    for regressions in
+        [PushRegressions::default(), PushRegressions { dup_push_abandons_refused: true, ..Default::default() }]
+    {
+        let mut w = World::new(&[POOL, POOL], regressions);
+        // The first push holds the writer grant on both ranks and waits for its source.
+        push(&mut w, &["t1"], false);
+        w.run();
+        assert_eq!((w.state(0, "t1"), w.state(1, "t1")), (Some(State::Writing), Some(State::Writing)));
+        // A retried push of the same transfer id: rank 1 refuses its reserve.
+        w.rule = Box::new(refuse_rank1_reserve);
+        push(&mut w, &["t1"], true);
+        w.run();
+        results.push((w.cancels_to(1), w.state(0, "t1"), w.state(1, "t1"), w.used(1)));
+    }
+    let (cancels, state0, state1, used) = &results[0];
+    assert!(cancels.is_empty(), "fixed: nothing is abandoned where the reserve was refused");
+    assert_eq!((*state0, *state1), (Some(State::Writing), Some(State::Writing)), "the first push keeps both");
+    assert!(*used > 0);
+    let (cancels, state0, state1, used) = &results[1];
+    assert_eq!(cancels, &vec![String::new()], "historical: the empty-id abandon goes to the refusing rank");
+    assert_eq!(*state0, Some(State::Writing), "rank 0: only the retry's duplicate grant is released");
+    assert_eq!(*state1, Some(State::Cancelled), "rank 1: the first push's destination is freed under it");
+    assert_eq!(*used, 0);
 }
 
 #[test]
@@ -647,7 +680,9 @@ fn ec_s17_abandons_go_out_while_another_shard_still_completes() {
 fn p2p_s6_a_replacement_for_a_dead_unreaped_session_is_refused_only_with_the_switch() {
     let peer = "10.0.0.2:5710";
     let mut results = Vec::new();
-    for regressions in [ManagerRegressions::default(), ManagerRegressions { s6_accept_before_reap: true }] {
+    for regressions in
+        [ManagerRegressions::default(), ManagerRegressions { s6_accept_before_reap: true, ..Default::default() }]
+    {
         let mut r = ConnectionRegistry::new(RegistryConfig::new("10.0.0.1:5710"));
         r.connect(peer).unwrap();
         // The session died between ticks (a send failure): its connection is marked dead
@@ -804,6 +839,7 @@ fn push_switches_still_finish_every_batch_under_random_faults() {
         s16_failed_item_keeps_grants: true,
         s17_abandon_before_settle: true,
         s20_orphan_keeps_grants: true,
+        dup_push_abandons_refused: true,
     };
     let variants = [
         PushRegressions::default(),

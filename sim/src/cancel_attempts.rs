@@ -176,7 +176,7 @@ impl ProducerRetries {
     }
 
     /// Request `token` was answered with `reply`.
-    pub fn answered(&mut self, token: Token, reply: &Result<Value, String>) {
+    pub fn answered<E>(&mut self, token: Token, reply: &Result<Value, E>) {
         let Some(key) = self.in_flight.remove(&token) else { return };
         let failed = match decode_request(&key.2, usize::MAX) {
             Ok(Request::Cancel { .. }) => !matches!(reply, Ok(v) if v.get("cancelled") == Some(&Value::Bool(true))),

@@ -136,21 +136,23 @@ pub fn run_in(only: &[String], first: u64, cap: u64, generic: bool, out: &mut im
     rows
 }
 
-/// The switch's field, as `docs/races.md` names it (from the `Regressions` debug form).
+/// The switch's fields, as `docs/races.md` names them (from the `Regressions` debug
+/// form), joined with `+` where a race turns on several.
 fn switch_name(race: &Race) -> String {
     let r = race.regressions();
     let d = format!("{r:?}");
-    // The field set to `true` or `Some(..)`.
-    for part in d.split(['{', ',', '}']) {
-        let part = part.trim();
-        if let Some((k, v)) = part.split_once(':') {
-            let v = v.trim();
-            if v == "true" || v.starts_with("Some(") {
-                return k.trim().to_string();
-            }
-        }
+    // The fields set to `true` or `Some(..)`.
+    let on: Vec<&str> = d
+        .split(['{', ',', '}'])
+        .filter_map(|part| part.trim().split_once(':'))
+        .filter(|(_, v)| v.trim() == "true" || v.trim().starts_with("Some("))
+        .map(|(k, _)| k.trim())
+        .collect();
+    if on.is_empty() {
+        "on".to_string()
+    } else {
+        on.join("+")
     }
-    "on".to_string()
 }
 
 /// `ctlsim catalogue` arguments.

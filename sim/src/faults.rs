@@ -103,6 +103,9 @@ pub struct Swarm {
     /// A P2P application closing its session with one peer for a while.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub peer_close: KindRate,
+    /// A P2P process out of file descriptors: its next DEALER opens fail.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub open_failures: KindRate,
 }
 
 impl KindRate {
@@ -216,6 +219,9 @@ pub enum FaultKind {
     /// best-effort Disconnect, then dead) and keeps the peer connected again `for_ms`
     /// later.
     PeerClose { host: String, peer: String, for_ms: u64 },
+    /// `host`'s next `count` DEALER opens fail as a process out of file descriptors fails
+    /// them (`EMFILE`): the manager is told through `handle_open_failed`.
+    OpenFailures { host: String, count: u32 },
 }
 
 impl FaultKind {
@@ -238,6 +244,7 @@ impl FaultKind {
             FaultKind::Oversize { .. } => "oversize",
             FaultKind::LostLoads { .. } => "lost_loads",
             FaultKind::PeerClose { .. } => "peer_close",
+            FaultKind::OpenFailures { .. } => "open_failures",
         }
     }
 
@@ -259,7 +266,8 @@ impl FaultKind {
             | FaultKind::ReplaceRace { .. }
             | FaultKind::ForgedIdentity { .. }
             | FaultKind::HandlerFailures { .. }
-            | FaultKind::Oversize { .. } => 0,
+            | FaultKind::Oversize { .. }
+            | FaultKind::OpenFailures { .. } => 0,
         }
     }
 
@@ -283,7 +291,9 @@ impl FaultKind {
             FaultKind::ReconnectRace { host, peer, .. } => vec![host, peer],
             FaultKind::PeerFlood { host, .. } => vec![host],
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
-            FaultKind::StopReading { host, .. } | FaultKind::LostLoads { host, .. } => vec![host],
+            FaultKind::StopReading { host, .. }
+            | FaultKind::LostLoads { host, .. }
+            | FaultKind::OpenFailures { host, .. } => vec![host],
             FaultKind::ForgedIdentity { from, to, .. } | FaultKind::Oversize { from, to } => vec![from, to],
             FaultKind::HandlerFailures { host, peer, .. } | FaultKind::PeerClose { host, peer, .. } => {
                 vec![host, peer]
@@ -316,7 +326,8 @@ impl FaultKind {
             FaultKind::PeerFlood { .. }
             | FaultKind::ForgedIdentity { .. }
             | FaultKind::HandlerFailures { .. }
-            | FaultKind::Oversize { .. } => Vec::new(),
+            | FaultKind::Oversize { .. }
+            | FaultKind::OpenFailures { .. } => Vec::new(),
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
             FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
@@ -631,6 +642,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.lost_loads = rate();
     swarm.discovery_garbage = rate();
     swarm.peer_close = rate();
+    swarm.open_failures = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -644,6 +656,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.lost_loads,
         swarm.discovery_garbage,
         swarm.peer_close,
+        swarm.open_failures,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -768,10 +781,15 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                         FaultKind::Malformed { from, to, count: rng.gen_range(2..=3), garbage: Garbage::NotJson };
                     out.push(Fault { at_ms: rng.gen_range(0..=100), kind });
                 }
-                _ => {
+                11 => {
                     let Some((host, peer)) = two(&mut rng) else { continue };
                     let for_ms = rng.gen_range(0..=10_000);
                     out.push(Fault { at_ms: at(&mut rng, for_ms), kind: FaultKind::PeerClose { host, peer, for_ms } });
+                }
+                _ => {
+                    let Some(host) = pick(&mut rng, peers).cloned() else { continue };
+                    let kind = FaultKind::OpenFailures { host, count: rng.gen_range(1..=3) };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind });
                 }
             }
         }
@@ -850,6 +868,8 @@ struct HostFaults {
     loads_lost: BTreeMap<String, u32>,
     /// Per P2P host: peers it still owes a message above the frame limit.
     oversize: BTreeMap<String, BTreeSet<String>>,
+    /// Per P2P host: DEALER opens still to fail.
+    open_failures: BTreeMap<String, u32>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
     /// index, whose receiver then restarts.
     send_failures: BTreeMap<(String, String), usize>,
@@ -939,6 +959,16 @@ pub fn take_lost_load(host: &str) -> bool {
     HOST_FAULTS.with(|h| {
         let mut h = h.borrow_mut();
         let Some(left) = h.loads_lost.get_mut(host).filter(|n| **n > 0) else { return false };
+        *left -= 1;
+        true
+    })
+}
+
+/// Whether `host`'s DEALER open now fails (one of an open-failures fault's, taken).
+pub fn take_open_failure(host: &str) -> bool {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let Some(left) = h.open_failures.get_mut(host).filter(|n| **n > 0) else { return false };
         *left -= 1;
         true
     })
@@ -1072,6 +1102,11 @@ enum Step {
         from: String,
         to: String,
     },
+    /// `host`'s next `count` DEALER opens fail.
+    FailOpens {
+        host: String,
+        count: u32,
+    },
     /// Arms a failed send from `from` to `to`; `to` restarts when it happens.
     ArmSendFailure {
         from: String,
@@ -1166,6 +1201,7 @@ impl FaultDriver {
                     push(t, i, Step::FailHandler { host, peer, count });
                 }
                 FaultKind::Oversize { from, to } => push(t, i, Step::Oversize { from, to }),
+                FaultKind::OpenFailures { host, count } => push(t, i, Step::FailOpens { host, count }),
                 FaultKind::PeerClose { host, peer, for_ms } => {
                     push(t, i, Step::ClosePeer { host: host.clone(), peer: peer.clone() });
                     push(t + for_ms, i, Step::ReopenPeer { host, peer });
@@ -1229,6 +1265,7 @@ impl FaultDriver {
             h.forged.clear();
             h.handler_failures.clear();
             h.oversize.clear();
+            h.open_failures.clear();
             h.loads_lost.clear();
             // A reopen the heal just queued stays: the peer is kept connected again.
             h.closes.clear();
@@ -1371,6 +1408,10 @@ impl FaultDriver {
                     *h.borrow_mut().handler_failures.entry((host.clone(), peer.clone())).or_default() += count
                 });
                 rec("fail_handler", &[("host", &host), ("peer", &peer), ("count", &count)]);
+            }
+            Step::FailOpens { host, count } => {
+                HOST_FAULTS.with(|h| *h.borrow_mut().open_failures.entry(host.clone()).or_default() += count);
+                rec("open_failures", &[("host", &host), ("count", &count)]);
             }
             Step::Oversize { from, to } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().oversize.entry(from.clone()).or_default().insert(to.clone()));

@@ -605,6 +605,7 @@ mod tests {
                 lost_loads: off,
                 discovery_garbage: off,
                 peer_close: off,
+                open_failures: off,
                 ..p.swarm
             };
             assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");

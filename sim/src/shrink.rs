@@ -138,7 +138,9 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
             (None, None) => return None,
         },
         FaultKind::PeerFlood { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
-        FaultKind::HandlerFailures { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
+        FaultKind::HandlerFailures { count, .. } | FaultKind::OpenFailures { count, .. } => {
+            *count = (*count >= 2).then_some(*count / 2)?
+        }
         FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } | FaultKind::Oversize { .. } => return None,
     }
     Some(k)

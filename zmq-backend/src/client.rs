@@ -13,7 +13,7 @@ use crate::requests::{self, Completion, ReserveSpec};
 use crate::{lock, sockets};
 use ctlplane_core::ec::pyjson;
 use ctlplane_core::ec::reply_text;
-use ctlplane_core::ec::request_slot::{Busy, Ending, Failure, Outcome, RequestSlot, SlotRegressions};
+use ctlplane_core::ec::request_slot::{Busy, Ending, Failure, Outcome, ReplyError, RequestSlot, SlotRegressions};
 use ctlplane_core::ec::reserve_outcome::{self, ReserveOutcome};
 use ctlplane_core::ec::topology::{self, TopologyCache, TopologyError};
 use ctlplane_core::ec::wire::{self, WireError};
@@ -64,6 +64,17 @@ pub enum ClientError {
     /// `close` was called.
     #[error("control client is closed")]
     Closed,
+}
+
+/// The producer's machine tells a refusal (the server ran the request and left nothing
+/// behind) from every failure after which the server may have run it.
+impl From<ClientError> for ReplyError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Remote { message, .. } => ReplyError::Refused(message),
+            other => ReplyError::Unanswered(other.to_string()),
+        }
+    }
 }
 
 thread_local! {

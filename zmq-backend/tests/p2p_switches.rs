@@ -340,7 +340,7 @@ struct S6 {
 }
 
 fn s6_replacement_before_reap(s6_accept_before_reap: bool) -> S6 {
-    let regressions = ManagerRegressions { s6_accept_before_reap };
+    let regressions = ManagerRegressions { s6_accept_before_reap, ..Default::default() };
     let mut node =
         ManagerLoop::bind_with("127.0.0.1", 0, TransportOptions::default(), session(), regressions, OsRng).unwrap();
     let ctx = zmq::Context::new();

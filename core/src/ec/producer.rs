@@ -8,9 +8,12 @@
 //!    reserve or cancel anywhere (S8).
 //! 2. **Reserve** a destination on every shard (`reserve` for one item, `reserve_batch`
 //!    for several). An item that any shard refused fails with that shard's error, and
-//!    cleanup abandons it on *every* shard, with the empty id where the reserve failed, so a
-//!    reserve the server ran after the producer gave up is still freed (S10, S16). An item
-//!    a shard reports `cancelled` is skipped and its writer grants abandoned (S13).
+//!    cleanup abandons it on every shard that granted it, and with the empty id on every
+//!    shard whose answer is unknown, so a reserve the server ran after the producer gave up
+//!    is still freed (S10, S16). A shard that answered with a refusal holds nothing of the
+//!    push and gets no abandon: another push of the same id may be writing there
+//!    (ec-dup-push). An item a shard reports `cancelled` is skipped and its writer grants
+//!    abandoned (S13).
 //! 3. Wait for the **source** (the encoder output) if the batch was reserved early. If it
 //!    arrives [`RESERVATION_REFRESH`] or more after the reservation, every stale shard is
 //!    `cancel(abandon, refresh)`ed and the item re-reserved with new ids, because the
@@ -24,13 +27,14 @@
 //! [`PushEvent::BatchDone`], so no write can still be reading it.
 //!
 //! The driver sends each [`Transmit::Request`] with its control client and answers with
-//! [`PushCoordinator::handle_reply`] (`Err` = timeout, transport failure or the error
-//! text of an `ok: false` reply), and performs each [`Transmit::Write`] through its
+//! [`PushCoordinator::handle_reply`] (`Err` = [`ReplyError::Refused`] for an `ok: false`
+//! reply, [`ReplyError::Unanswered`] for a timeout, transport failure or unreadable reply), and performs each [`Transmit::Write`] through its
 //! [`super::dataplane::DataPlane`], answering with [`PushCoordinator::handle_write`]. The
 //! coordinator keeps no timers: request timeouts are the control client's (ec-behaviour.md §5), and
 //! the refresh decision uses the `now` of the input that makes the batch writable.
 
 use super::pyjson::{to_str, truthy};
+use super::request_slot::ReplyError;
 use super::requests::ReserveFields;
 use super::reserve_outcome::{ReserveGrant, ReserveOutcome};
 use super::topology::{peers_request, TopologyCache, TopologyError, DISCOVERY_ATTEMPTS};
@@ -99,6 +103,10 @@ pub struct PushRegressions {
     /// or the worker shut down) skips its items without abandoning what they were granted,
     /// so those reservations stay WRITING until the consumer's TTL defers them for good.
     pub s20_orphan_keeps_grants: bool,
+    /// ec-dup-push: a shard that refused an item's reserve still gets the empty-id abandon
+    /// (the reference's compensation), which frees what another push of the same transfer
+    /// id holds there.
+    pub dup_push_abandons_refused: bool,
 }
 
 impl Default for PushConfig {
@@ -278,8 +286,10 @@ enum ShardSlot {
     Granted(ReserveGrant),
     /// The consumer cancelled the transfer first (`cancelled: true`).
     Cancelled,
-    /// The reserve failed with this error.
+    /// The reserve failed with this error, and the shard may still have run it.
     Failed(String),
+    /// The shard answered the reserve with this refusal: this push holds nothing there.
+    Refused(String),
     /// The producer cancelled what it held here (refreshed or cleaned up).
     Released,
 }
@@ -307,7 +317,7 @@ fn parse_reserve_entry(entry: &Value, item: &PushItem) -> ShardSlot {
     if entry.get("ok").is_some_and(truthy) {
         return parse_reserve(entry.get("result").unwrap_or(&Value::Null), item);
     }
-    ShardSlot::Failed(match entry.get("error") {
+    ShardSlot::Refused(match entry.get("error") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Null) | None => "EC control request failed".into(),
         Some(other) => to_str(other),
@@ -492,7 +502,7 @@ impl Batch {
         for i in self.live_items() {
             let slots = self.items[i].shards.clone();
             let failed = slots.iter().find_map(|s| match s {
-                ShardSlot::Failed(e) => Some(e.clone()),
+                ShardSlot::Failed(e) | ShardSlot::Refused(e) => Some(e.clone()),
                 ShardSlot::Pending => Some("EC reservation was not answered".to_string()),
                 _ => None,
             });
@@ -506,12 +516,15 @@ impl Batch {
                 );
                 self.resolve(i, ItemOutcome::Failed { error });
                 // Every shard, with the empty id where nothing was granted: the shard may
-                // still run a reserve whose reply was lost (S10).
+                // still run a reserve whose reply was lost (S10). Not a shard that refused:
+                // it holds nothing of this push, and another push of the same transfer id
+                // may be writing there (ec-dup-push).
                 for (shard, slot) in slots.iter().enumerate() {
                     let rid = match slot {
                         ShardSlot::Granted(_) if regressions.s16_failed_item_keeps_grants => continue,
                         ShardSlot::Granted(g) => g.reservation_id.clone(),
                         ShardSlot::Released => continue,
+                        ShardSlot::Refused(_) if !regressions.dup_push_abandons_refused => continue,
                         _ if regressions.s10_no_compensating_cancel => continue,
                         _ => String::new(),
                     };
@@ -984,7 +997,7 @@ impl PushCoordinator {
 
     /// Input: the answer to a [`Transmit::Request`]: the reply's `result`, or the error
     /// (timeout, transport failure, or the text of an `ok: false` reply).
-    pub fn handle_reply(&mut self, token: Token, reply: Result<Value, String>, now: Instant) {
+    pub fn handle_reply(&mut self, token: Token, reply: Result<Value, ReplyError>, now: Instant) {
         let Some(op) = self.in_flight.remove(&token) else {
             tracing::debug!(token = token.0, "reply for no outstanding EC push request");
             return;
@@ -1003,7 +1016,7 @@ impl PushCoordinator {
 
     /// Input: the outcome of a [`Transmit::Write`].
     pub fn handle_write(&mut self, token: Token, result: Result<(), String>, now: Instant) {
-        self.handle_reply(token, result.map(|()| Value::Null), now);
+        self.handle_reply(token, result.map(|()| Value::Null).map_err(ReplyError::from), now);
     }
 
     /// Output: the next outcome.
@@ -1037,8 +1050,10 @@ impl PushCoordinator {
     }
 
     /// Applies one answer to its batch.
-    fn settle(&mut self, id: BatchId, kind: OpKind, reply: Result<Value, String>) {
+    fn settle(&mut self, id: BatchId, kind: OpKind, reply: Result<Value, ReplyError>) {
         let Some(batch) = self.batches.get_mut(&id) else { return };
+        let refused = matches!(reply, Err(ReplyError::Refused(_)));
+        let reply = reply.map_err(|e| e.to_string());
         // A completion answered after the batch left Completing (S17 regression) was
         // already written off: it holds no phase count.
         if !matches!(kind, OpKind::Complete { .. }) || batch.phase == Phase::Completing {
@@ -1066,6 +1081,7 @@ impl PushCoordinator {
             },
             OpKind::Reserve { shard, items, single } => {
                 let slots: Vec<ShardSlot> = match &reply {
+                    Err(e) if refused => vec![ShardSlot::Refused(e.clone()); items.len()],
                     Err(e) => vec![ShardSlot::Failed(e.clone()); items.len()],
                     Ok(result) if single => {
                         items.iter().map(|&i| parse_reserve(result, &batch.items[i].spec)).collect()
@@ -1243,7 +1259,7 @@ mod tests {
             let producer = match parse_reserve(&result, &it) {
                 ShardSlot::Granted(g) => Ok(ReserveOutcome::Granted(g)),
                 ShardSlot::Cancelled => Ok(ReserveOutcome::Cancelled),
-                ShardSlot::Failed(e) => Err(e),
+                ShardSlot::Failed(e) | ShardSlot::Refused(e) => Err(e),
                 other => panic!("{frame}: {other:?}"),
             };
             assert_eq!(client, producer, "{frame}");
@@ -1294,11 +1310,11 @@ mod tests {
         assert_eq!(parse_reserve(&json!({"reservation_id": "r"}), &it), ShardSlot::Failed(MALFORMED_RESERVE.into()));
         assert_eq!(
             parse_reserve_entry(&json!({"ok": false, "error": "EC consumer buffer pool is full"}), &it),
-            ShardSlot::Failed("EC consumer buffer pool is full".into())
+            ShardSlot::Refused("EC consumer buffer pool is full".into())
         );
         assert_eq!(
             parse_reserve_entry(&json!({"ok": false}), &it),
-            ShardSlot::Failed("EC control request failed".into())
+            ShardSlot::Refused("EC control request failed".into())
         );
     }
 

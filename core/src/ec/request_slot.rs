@@ -65,6 +65,49 @@ pub enum Failure<E> {
     Stale,
 }
 
+impl<E> Failure<E> {
+    /// The server answered `ok: false`: it ran the request and refused it, so the request
+    /// left nothing behind there. After any other failure the server may have run it.
+    pub fn refused(&self) -> bool {
+        matches!(self, Failure::Remote(_))
+    }
+
+    /// This failure as a machine of the core takes it, `text` being the driver's wording.
+    pub fn reply_error(&self, text: String) -> ReplyError {
+        if self.refused() {
+            ReplyError::Refused(text)
+        } else {
+            ReplyError::Unanswered(text)
+        }
+    }
+}
+
+/// Why a request got no usable result, as the producer's machine takes it: whether the
+/// server is known to have left nothing behind decides whether a failed reserve is
+/// compensated there (ec-dup-push).
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum ReplyError {
+    /// The server answered and refused the request.
+    #[error("{0}")]
+    Refused(String),
+    /// No answer is known (timeout, transport failure, unreadable reply): the server may
+    /// have run the request.
+    #[error("{0}")]
+    Unanswered(String),
+}
+
+impl From<String> for ReplyError {
+    fn from(text: String) -> Self {
+        ReplyError::Unanswered(text)
+    }
+}
+
+impl From<&str> for ReplyError {
+    fn from(text: &str) -> Self {
+        ReplyError::Unanswered(text.to_string())
+    }
+}
+
 /// What became of an exchange: its result, and what the driver does with the socket.
 #[derive(Debug, PartialEq, Eq)]
 #[must_use]

@@ -10,6 +10,7 @@ use super::config::{ConfigError, PortPlan};
 use super::dumps;
 use super::event_queue::EventQueue;
 use super::ids::TransferId;
+use super::request_slot::ReplyError;
 use super::reservations::{BookConfig, ReservationBook, ReserveError, ReserveRef, Reserved, TakeError, Taken};
 use super::wire::{
     self, CancelResult, CancelledResult, CompleteResult, Decoded, ItemReply, Items, JsonText, LastFlag, PeersResult,
@@ -519,11 +520,12 @@ fn event_transfer_id(frame: &[u8]) -> String {
     }
 }
 
-/// Parses a reply frame as a client does; `Err` carries the error text.
-pub fn reply_result(frame: &[u8]) -> Result<Value, String> {
+/// Parses a reply frame as a client does: `ok: false` is the server's refusal, a frame
+/// that does not decode leaves the request unanswered.
+pub fn reply_result(frame: &[u8]) -> Result<Value, ReplyError> {
     match wire::decode_reply(frame) {
-        Ok(r) => r,
-        Err(e) => Err(e.to_string()),
+        Ok(r) => r.map_err(ReplyError::Refused),
+        Err(e) => Err(ReplyError::Unanswered(e.to_string())),
     }
 }
 

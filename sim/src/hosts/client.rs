@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, RequestSlot, SlotRegressions};
+use ctlplane_core::ec::request_slot::{Ending, Failure, Outcome, ReplyError, RequestSlot, SlotRegressions};
 use ctlplane_core::ec::wire;
 use serde_json::Value;
 
@@ -48,9 +48,9 @@ impl ControlClient {
         }
     }
 
-    /// One exchange: `Ok(result)`, or the error text (the server's for `ok: false`,
-    /// libzmq's for a timeout) as the core's machines take it.
-    pub async fn request(&self, addr: &str, frame: Vec<u8>) -> Result<Value, String> {
+    /// One exchange: `Ok(result)`, or the error (the server's refusal for `ok: false`,
+    /// libzmq's text for a timeout) as the core's machines take it.
+    pub async fn request(&self, addr: &str, frame: Vec<u8>) -> Result<Value, ReplyError> {
         let now = clock::now();
         // Outside an EC world endpoints name hosts directly.
         let target =
@@ -61,7 +61,7 @@ impl ControlClient {
                 slot: RequestSlot::with_regressions(self.timeout, self.regressions),
                 socket: None,
             });
-            let begin = conn.slot.begin(now).map_err(|e| e.to_string())?;
+            let begin = conn.slot.begin(now).map_err(|e| ReplyError::from(e.to_string()))?;
             let socket = match conn.socket.take() {
                 Some(socket) if !begin.open => Ok(socket),
                 // As libzmq's `zmq_connect`, an endpoint that does not resolve or parse
@@ -96,17 +96,20 @@ impl ControlClient {
             None => Ending::TimedOut,
         };
         let mut conns = self.conns.borrow_mut();
-        let Some(conn) = conns.get_mut(addr) else { return Err(ZmqError::Closed.to_string()) };
+        let Some(conn) = conns.get_mut(addr) else { return Err(ZmqError::Closed.to_string().into()) };
         let Outcome { discard_socket, result } = conn.slot.finish(begin.generation, ending, wire::decode_reply);
         if !discard_socket {
             conn.socket = socket.ok();
         }
-        result.map_err(|failure| match failure {
-            Failure::Remote(text) | Failure::Transport(text) => text,
-            Failure::NotAnObject(name) => format!("control reply from {addr} is a '{name}', not a JSON object"),
-            Failure::Malformed(detail) => format!("malformed control reply from {addr}: {detail}"),
-            Failure::TimedOut => ZmqError::Again.to_string(),
-            Failure::Stale => "reply for a discarded request".to_string(),
+        result.map_err(|failure| {
+            let text = match &failure {
+                Failure::Remote(text) | Failure::Transport(text) => text.clone(),
+                Failure::NotAnObject(name) => format!("control reply from {addr} is a '{name}', not a JSON object"),
+                Failure::Malformed(detail) => format!("malformed control reply from {addr}: {detail}"),
+                Failure::TimedOut => ZmqError::Again.to_string(),
+                Failure::Stale => "reply for a discarded request".to_string(),
+            };
+            failure.reply_error(text)
         })
     }
 }

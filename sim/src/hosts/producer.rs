@@ -22,6 +22,7 @@ use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, ItemRef, PushBatch, PushConfig, PushCoordinator, PushEvent, Token, Transmit,
 };
+use ctlplane_core::ec::request_slot::ReplyError;
 use ctlplane_core::ec::{ReserveError, State};
 use ctlplane_core::time::Instant;
 use rand::Rng;
@@ -37,7 +38,7 @@ use crate::knobs::ProducerStalls;
 use crate::zmq::Context;
 
 enum Answer {
-    Reply(Token, Result<Value, String>),
+    Reply(Token, Result<Value, ReplyError>),
     Write(Token, Result<(), String>),
 }
 

@@ -279,7 +279,7 @@ impl Host {
         if t.inline {
             // The drain waits for the request (race S5); the stall is traced.
             let began = clock::now();
-            let reply = client.request(&t.addr, t.frame).await;
+            let reply = client.request(&t.addr, t.frame).await.map_err(|e| e.to_string());
             let blocked_ms = clock::now().as_nanos().saturating_sub(began.as_nanos()) / 1_000_000;
             let consumer = match t.lane {
                 Lane::Discovery(c) | Lane::Cancel(c) => c.index(),
@@ -296,7 +296,7 @@ impl Host {
         }
         let tx = self.tx.clone();
         tokio::task::spawn_local(async move {
-            let reply = client.request(&t.addr, t.frame).await;
+            let reply = client.request(&t.addr, t.frame).await.map_err(|e| e.to_string());
             let _ = tx.send(Msg::Reply(t.token, reply));
         });
     }

@@ -155,10 +155,14 @@ struct Peer {
     /// counted only while the session is ready (a connect or ack resets the core's count
     /// before that).
     handler_failures: BTreeMap<String, (SessionId, u32)>,
+    /// Peers whose DEALER could not be opened in the current poll: the connection is
+    /// retired with the messages it carried (nothing could answer them), which the
+    /// message-lost check excuses.
+    open_failed: BTreeSet<String>,
 }
 
-/// The manager's configuration for host `name`: the mainline manager (errors escape) with
-/// the run's switches and knobs.
+/// The manager's configuration for host `name`: production's manager with the run's
+/// switches and knobs.
 fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
     let mut registry = RegistryConfig::new(peer_id(name));
     registry.t0 = cfg.t0;
@@ -168,7 +172,6 @@ fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
     ManagerConfig {
         regressions: cfg.settings.manager,
         immediate_reconnect: cfg.settings.immediate_reconnect,
-        errors_escape: true,
         first_session: u64::from(inc) << 32,
         ..ManagerConfig::new(registry, session)
     }
@@ -246,6 +249,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         fatal: None,
         quiet: cfg.settings.quiet,
         handler_failures: BTreeMap::new(),
+        open_failed: BTreeSet::new(),
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
     loop {
@@ -370,11 +374,12 @@ impl Peer {
         if refused > 0 {
             trace::record(&self.name, "p2p.refused", &[("messages", &refused)]);
         }
+        self.open_failed.clear();
         self.carry_out().await;
         let registry = self.manager.registry();
         for (id, (old, n)) in reconnecting {
             let fresh = registry.conn_id(&id).is_some_and(|c| c != old) && registry.is_alive(&id);
-            if !fresh {
+            if !fresh && !self.open_failed.contains(&id) {
                 oracle::violate(
                     "p2p-message-lost",
                     &self.name,
@@ -699,6 +704,8 @@ impl Peer {
                     ledger::sockets_needed(&self.name, self.inc, sockets, MAX_SOCKETS);
                     let opened = if sockets > MAX_SOCKETS {
                         Err(ZmqError::Invalid(format!("Too many open files ({sockets} sockets, limit {MAX_SOCKETS})")))
+                    } else if faults::take_open_failure(&self.name) {
+                        Err(ZmqError::Invalid("Too many open files (an open-failures fault)".into()))
                     } else {
                         self.open_dealer(&endpoint, &identity, &monitor).await
                     };
@@ -712,7 +719,10 @@ impl Peer {
                             );
                             self.dealers.insert(conn, Dealer { peer, dealer, pair });
                         }
-                        Err(e) => self.manager.handle_open_failed(conn, &e.to_string()),
+                        Err(e) => {
+                            self.open_failed.insert(peer);
+                            self.manager.handle_open_failed(conn, &e.to_string());
+                        }
                     }
                 }
                 Action::CloseDealer { conn, peer } => {

@@ -14,6 +14,11 @@ pub struct ManagerRegressions {
     /// P2P S6: accepted peers are admitted before dead sessions are reaped, so a
     /// replacement for a dead, not yet reaped session is refused as a duplicate.
     pub s6_accept_before_reap: bool,
+    /// P2P S1/S4 (the mainline manager): no error boundary around the transport. A DEALER
+    /// that cannot be opened, or a connect to a peer still registered alive, escapes and
+    /// ends the engine ([`super::PeerEvent::Fatal`]). Off (ctlplane): the session dies and
+    /// the peer is dialled again.
+    pub errors_escape: bool,
 }
 
 /// The session the manager holds for a peer when its new connection is accepted.
@@ -57,7 +62,7 @@ mod tests {
     #[test]
     fn a_dead_session_is_replaced_unless_accept_runs_before_reap() {
         let fixed = ManagerRegressions::default();
-        let old = ManagerRegressions { s6_accept_before_reap: true };
+        let old = ManagerRegressions { s6_accept_before_reap: true, ..Default::default() };
         assert_eq!(admit(Existing::None, &fixed), Admission::Open);
         assert_eq!(admit(Existing::Alive, &fixed), Admission::RefuseDuplicate);
         assert_eq!(admit(Existing::Dead, &fixed), Admission::ReplaceDead);

@@ -46,10 +46,6 @@ pub struct ManagerConfig {
     /// Redial a reaped peer within the tick that reaped it, unless its session queued a
     /// Disconnect (a DEALER retired at once would drop it): the usual backoff lets it out.
     pub immediate_reconnect: bool,
-    /// The mainline manager has no error boundary around the transport: a DEALER that
-    /// cannot be opened, or a connect to a peer still registered alive, escapes and ends
-    /// the engine ([`PeerEvent::Fatal`]). Off: the session dies and the peer is redialled.
-    pub errors_escape: bool,
     /// The first session id (a restarted process starts from a fresh range).
     pub first_session: SessionId,
 }
@@ -63,7 +59,6 @@ impl ManagerConfig {
             regressions: ManagerRegressions::default(),
             backoff: Backoff::default(),
             immediate_reconnect: false,
-            errors_escape: false,
             first_session: 0,
         }
     }
@@ -107,7 +102,7 @@ pub enum PeerEvent {
     SendFailed { peer: String, error: String },
     /// A DEALER could not be opened; the registration is retired.
     OpenFailed { peer: String, conn: ConnId, error: String },
-    /// An error escaped ([`ManagerConfig::errors_escape`]): the manager stops.
+    /// An error escaped ([`ManagerRegressions::errors_escape`]): the manager stops.
     Fatal(String),
 }
 
@@ -319,7 +314,7 @@ impl<R: RngCore> PeerManager<R> {
         }
         let peer = peer.unwrap_or_default();
         self.events.push_back(PeerEvent::OpenFailed { peer: peer.clone(), conn, error: error.to_string() });
-        if self.config.errors_escape {
+        if self.config.regressions.errors_escape {
             self.escape(format!("cannot open the control connection to {peer}: {error}"));
         }
         if let Some(s) = self.sessions.get_mut(&peer).filter(|s| s.conn == conn) {
@@ -598,7 +593,7 @@ impl<R: RngCore> PeerManager<R> {
             Err(error) => {
                 let live = matches!(error, TransportError::AlreadyExists(_));
                 self.events.push_back(PeerEvent::ConnectRefused { peer: peer.clone(), error: error.clone() });
-                if live && self.config.errors_escape {
+                if live && self.config.regressions.errors_escape {
                     self.escape(format!("connect to {peer}: {error}"));
                 } else if retry {
                     let backoff = self.config.backoff.draw(&mut self.rng);

@@ -14,6 +14,7 @@ use ctlplane_core::ec::defaults::CONTROL_TIMEOUT_MS;
 use ctlplane_core::ec::producer::{
     BatchId, ItemOutcome, PushBatch, PushConfig, PushCoordinator, PushEvent, PushItem, Token, Transmit,
 };
+use ctlplane_core::ec::request_slot::ReplyError;
 use ctlplane_core::ec::scheduler::{ConsumerId, RequestId, SchedulerConfig, SchedulerEvent};
 use ctlplane_core::ec::DType;
 use ctlplane_zmq::{Clock, ControlClient, SchedulerDriver};
@@ -331,7 +332,7 @@ impl Run<'_> {
             match transmit {
                 Transmit::Request { token, addr, frame, .. } => {
                     if let Err(error) = self.workers.submit(Job::Request { token, addr, frame }) {
-                        self.coordinator.handle_reply(token, Err(error), self.clock.now());
+                        self.coordinator.handle_reply(token, Err(error.into()), self.clock.now());
                     }
                 }
                 Transmit::Write { token, session, dst_ptr, nbytes, item: _ } => {
@@ -554,7 +555,7 @@ enum Job {
 enum Done {
     Reply {
         token: Token,
-        reply: Result<Value, String>,
+        reply: Result<Value, ReplyError>,
     },
     /// An answer reached the scheduler's driver.
     Wake,
@@ -613,5 +614,5 @@ impl Workers {
 
 fn execute(client: &ControlClient, job: Job) -> Done {
     let Job::Request { token, addr, frame } = job;
-    Done::Reply { token, reply: client.request_frame(&addr, &frame).map_err(|e| e.to_string()) }
+    Done::Reply { token, reply: client.request_frame(&addr, &frame).map_err(ReplyError::from) }
 }

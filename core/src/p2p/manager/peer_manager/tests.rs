@@ -99,7 +99,7 @@ fn a_replacement_for_a_dead_session_is_admitted() {
 
 #[test]
 fn with_s6_the_replacement_is_refused_as_a_duplicate() {
-    let mut m = manager(ManagerRegressions { s6_accept_before_reap: true });
+    let mut m = manager(ManagerRegressions { s6_accept_before_reap: true, ..Default::default() });
     let old = accepted_then_failed(&mut m);
     let now = Instant::from_secs(1);
     m.handle_sockets(connect_from_b(), now);
@@ -185,7 +185,7 @@ fn a_failed_open_retires_the_connection_and_the_peer_is_redialled() {
 
     // The mainline manager lets the error escape.
     let mut mainline = PeerManager::new(
-        ManagerConfig { errors_escape: true, ..config(ManagerRegressions::default()) },
+        config(ManagerRegressions { errors_escape: true, ..Default::default() }),
         ChaCha8Rng::seed_from_u64(1),
     );
     mainline.keep_connected(B, Instant::ZERO);
