@@ -720,8 +720,18 @@ impl Peer {
                             self.dealers.insert(conn, Dealer { peer, dealer, pair });
                         }
                         Err(e) => {
-                            self.open_failed.insert(peer);
                             self.manager.handle_open_failed(conn, &e.to_string());
+                            // Nothing was opened: a registration left alive on it would take
+                            // the peer's messages and answers into a connection with no socket.
+                            let registry = self.manager.registry();
+                            if registry.iter_connections().any(|(_, c, alive)| c == conn && alive) {
+                                oracle::violate(
+                                    "p2p-open-failed",
+                                    &self.name,
+                                    format!("connection {conn} to {peer} stays alive after its DEALER failed to open"),
+                                );
+                            }
+                            self.open_failed.insert(peer);
                         }
                     }
                 }
