@@ -17,7 +17,7 @@ use ctlplane_core::p2p::defaults::{HANDSHAKE_TIMEOUT, HEARTBEAT_IVL, HEARTBEAT_T
 use ctlplane_core::p2p::manager::{ManagerConfig, ManagerRegressions, PeerEvent, PeerManager, SessionId};
 use ctlplane_core::p2p::messages::Message;
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
-use ctlplane_core::p2p::registry::Direction;
+use ctlplane_core::p2p::registry::{Direction, RegistryStats};
 use ctlplane_core::p2p::session::{SessionConfig, MAX_CONSECUTIVE_DISPATCH_ERRORS};
 use ctlplane_core::p2p::{value, Action, ConnId, MonitorEvent, PollInput, RegistryConfig, T0Switches};
 use ctlplane_core::time::Instant;
@@ -159,6 +159,11 @@ struct Peer {
     /// retired with the messages it carried (nothing could answer them), which the
     /// message-lost check excuses.
     open_failed: BTreeSet<String>,
+}
+
+/// The registry's count of ROUTER messages it has dealt with: routed, refused or dropped.
+fn accounted(stats: RegistryStats) -> u64 {
+    stats.messages_routed.wrapping_add(stats.messages_refused).wrapping_add(stats.frames_dropped)
 }
 
 /// The manager's configuration for host `name`: production's manager with the run's
@@ -369,8 +374,21 @@ impl Peer {
             }
         }
         let refused_before = registry.stats().messages_refused;
+        let accounted_before = accounted(registry.stats());
+        let handed = input.router.len() as u64;
         self.manager.handle_sockets(input, now);
-        let refused = self.manager.registry().stats().messages_refused - refused_before;
+        let stats = self.manager.registry().stats();
+        // Every ROUTER message handed in is routed to a connection, refused by the peer
+        // check or dropped, exactly once.
+        let accounted_now = accounted(stats).wrapping_sub(accounted_before);
+        if accounted_now != handed {
+            oracle::violate(
+                "p2p-message-accounting",
+                &self.name,
+                format!("{handed} ROUTER message(s) handed in, {accounted_now} routed, refused or dropped"),
+            );
+        }
+        let refused = stats.messages_refused - refused_before;
         if refused > 0 {
             trace::record(&self.name, "p2p.refused", &[("messages", &refused)]);
         }
