@@ -1,4 +1,5 @@
-//! `shard-counters`: a rank's request counters agree with what it answered.
+//! `shard-counters`: a rank's request counters agree with what it answered, and its reap
+//! counter with the reaps that came due.
 //!
 //! The counters are what an operator watches (requests served, refusals, undecodable
 //! frames); nothing else in a run reads them, so a counter that drifts would pass unseen.
@@ -6,6 +7,8 @@
 //! decoders (which decide nothing about the shard's state).
 
 use ctlplane_core::ec::wire::{decode_reply, read_request, WireError};
+
+use ctlplane_core::time::Instant;
 
 use crate::hosts::world::{self, Shard};
 
@@ -48,5 +51,23 @@ pub fn note(host: &str, frame: &[u8], reply: &[u8], shard: &Shard) {
     });
     if let Some(detail) = finding {
         crate::oracle::violate(ORACLE, host, detail);
+    }
+}
+
+/// `host`'s shard handled the timer at `now`, its reap having been due at `due` with
+/// `reaps_before` counted: a call at or past the due reap runs one reap and counts it, an
+/// earlier one neither (the reap counter is what an operator reads to see the rank alive).
+pub fn note_timer(host: &str, due: Option<Instant>, now: Instant, reaps_before: u64, shard: &Shard) {
+    if shard.halted().is_some() {
+        return;
+    }
+    let expected = reaps_before + u64::from(due.is_some_and(|d| now >= d));
+    let reaps = shard.stats().reaps;
+    if reaps != expected {
+        crate::oracle::violate(
+            ORACLE,
+            host,
+            format!("the reap counter is {reaps} after a timer at {now:?} (reap due {due:?}); expected {expected}"),
+        );
     }
 }

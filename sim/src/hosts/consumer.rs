@@ -268,7 +268,12 @@ async fn serve(
                 continue;
             }
             ServeStep::Timer => {
+                let (due, reaps) = {
+                    let s = shard.borrow();
+                    (s.poll_timeout(), s.stats().reaps)
+                };
                 shard.borrow_mut().handle_timeout(now);
+                crate::shard_counters::note_timer(host, due, now, reaps, &shard.borrow());
                 world::with(|w| w.dirty.insert(host.to_string()));
                 continue;
             }
