@@ -373,14 +373,13 @@ impl Peer {
                 }
             }
         }
-        let refused_before = registry.stats().messages_refused;
-        let accounted_before = accounted(registry.stats());
+        let before = registry.stats();
         let handed = input.router.len() as u64;
         self.manager.handle_sockets(input, now);
         let stats = self.manager.registry().stats();
         // Every ROUTER message handed in is routed to a connection, refused by the peer
         // check or dropped, exactly once.
-        let accounted_now = accounted(stats).wrapping_sub(accounted_before);
+        let accounted_now = accounted(stats).wrapping_sub(accounted(before));
         if accounted_now != handed {
             oracle::violate(
                 "p2p-message-accounting",
@@ -388,7 +387,7 @@ impl Peer {
                 format!("{handed} ROUTER message(s) handed in, {accounted_now} routed, refused or dropped"),
             );
         }
-        let refused = stats.messages_refused - refused_before;
+        let refused = stats.messages_refused - before.messages_refused;
         if refused > 0 {
             trace::record(&self.name, "p2p.refused", &[("messages", &refused)]);
         }
