@@ -36,6 +36,12 @@ pub struct Knobs {
     /// request naming the peer arrives right away), instead of after a 200-1000 ms backoff.
     /// A session that died of a protocol error still backs off, so its Disconnect goes out.
     pub p2p_immediate_reconnect: bool,
+    /// The configuration fingerprint every P2P peer announces in its Connect (a
+    /// deployment that sets one); `None` (the default): the empty wildcard.
+    pub p2p_config_fingerprint: Option<u64>,
+    /// Tombstones (cancelled and expired records) each rank keeps at most
+    /// (`BookConfig::tombstone_limit`); `None` keeps the book's default, which no run fills.
+    pub tombstone_limit: Option<usize>,
     /// REQ sockets the producer host keeps per shard address (its worker threads' sockets,
     /// ec-behaviour.md §5: one per (thread, address)), and so the coordinator's
     /// `PushConfig::max_requests_per_shard`; `None` = one, the default.

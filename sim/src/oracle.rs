@@ -171,7 +171,7 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
     // A scenario may configure the scheduler's wait (`Knobs::push_wait_timeout`).
     let push_wait_timeout = world::with(|w| w.knobs.push_wait_timeout).unwrap_or(push_wait_timeout);
     let bound = (push_wait_timeout + RESOLVE_SLACK).as_nanos() as u64;
-    let (late, tids, ranks, young) = world::with(|w| {
+    let (late, tids, ranks, young, announced) = world::with(|w| {
         let mut late = Vec::new();
         for (req, st) in w.workload.iter().zip(&w.requests) {
             // A load a lost-loads fault left unreported ends at the scheduler's LOADING
@@ -238,7 +238,8 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
         let ttl = ctlplane_core::ec::defaults::RESERVATION_TTL.as_nanos() as u64;
         let young: std::collections::BTreeSet<(String, String)> =
             w.announced_at.iter().filter(|(_, at)| at.as_nanos() + ttl > now_ns).map(|(k, _)| k.clone()).collect();
-        (late, tids, ranks, young)
+        let announced: std::collections::BTreeSet<(String, String)> = w.announced_at.keys().cloned().collect();
+        (late, tids, ranks, young, announced)
     });
     for detail in late {
         violate_at(now_ns, "request-resolves", "engine", detail);
@@ -250,7 +251,14 @@ pub fn check_ec_liveness(now_ns: u64, push_wait_timeout: Duration) -> BTreeMap<S
         let s = shard.borrow();
         for tid in &tids {
             match s.book().state_of(tid) {
-                Some(State::Ready) if young.contains(&(host.clone(), tid.clone())) => {
+                // A READY record no event announced (its rank had no subscriber, e.g. a
+                // restarted consumer the scheduler never found again) is judged by the
+                // deadline its rank keeps for it.
+                Some(State::Ready)
+                    if young.contains(&(host.clone(), tid.clone()))
+                        || (!announced.contains(&(host.clone(), tid.clone()))
+                            && s.book().deadline_of(tid).is_some_and(|d| d.as_nanos() > now_ns)) =>
+                {
                     *stats.entry("reservations.ready_within_ttl_at_end".to_string()).or_default() += 1;
                 }
                 Some(state @ (State::Writing | State::Ready)) => {

@@ -59,6 +59,7 @@ pub fn install_with(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: 
         immediate_reconnect: w.knobs.p2p_immediate_reconnect,
         max_message_bytes: w.knobs.p2p_frame_limit,
         manager: w.regressions.manager,
+        config_fingerprint: w.knobs.p2p_config_fingerprint,
         quiet: false,
     })
     .unwrap_or_default();

@@ -7,8 +7,12 @@
 //! reserve made has only added free space. Only for a single `reserve`: within a
 //! `reserve_batch` a later item may expire records and free memory after an earlier
 //! item's refusal.
+//!
+//! The size a request needs is worked out here, from the slab's granularity, rather than
+//! with the slab's own rounding: an oracle that shared the rounding would be blind to a
+//! wrong one (a rounding that fits nothing makes every refusal look honest).
 
-use ctlplane_core::ec::slab::aligned_size;
+use ctlplane_core::ec::slab::ALIGNMENT;
 use ctlplane_core::ec::wire::{decode_reply, decode_request, Request};
 use ctlplane_core::ec::ReserveError;
 
@@ -25,7 +29,7 @@ pub fn check(host: &str, frame: &[u8], reply: &[u8], shard: &Shard) {
         return;
     }
     let Ok(Request::Reserve(Ok(request))) = decode_request(frame, usize::MAX) else { return };
-    let Some(len) = aligned_size(request.nbytes).filter(|&len| len > 0) else { return };
+    let Some(len) = needed(request.nbytes).filter(|&len| len > 0) else { return };
     let book = shard.book();
     if let Some(block) = book.slab().free_blocks().find(|b| b.len >= len) {
         crate::oracle::violate(
@@ -36,5 +40,25 @@ pub fn check(host: &str, frame: &[u8], reply: &[u8], shard: &Shard) {
                 block.len, block.offset
             ),
         );
+    }
+}
+
+/// `nbytes` rounded up to the slab's granularity; `None` when no slab could hold it.
+fn needed(nbytes: u64) -> Option<u64> {
+    let granules = u128::from(nbytes).div_ceil(u128::from(ALIGNMENT));
+    u64::try_from(granules * u128::from(ALIGNMENT)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_size_a_request_needs_is_rounded_up_to_the_granularity() {
+        assert_eq!(needed(0), Some(0));
+        assert_eq!(needed(1), Some(ALIGNMENT));
+        assert_eq!(needed(ALIGNMENT), Some(ALIGNMENT));
+        assert_eq!(needed(ALIGNMENT + 1), Some(2 * ALIGNMENT));
+        assert_eq!(needed(u64::MAX), None);
     }
 }

@@ -8,7 +8,8 @@
 //!   live for leaves a tombstone, and a later reserve of that transfer answers `cancelled`.
 //!   A rank that grants a live reservation (WRITING or READY) for a transfer after taking
 //!   its cancel (same incarnation, no refresh) holds memory for a request that is gone,
-//!   until the TTL.
+//!   until the TTL. Unless the tombstone was evicted by the count bound (at most
+//!   `tombstone_limit` kept, oldest first): then the reserve allocates afresh by design.
 //! - **A failed push is abandoned everywhere.** A producer whose item failed or was skipped
 //!   abandons it on every shard, with the empty id where the reserve failed. A reservation
 //!   still deferred (pinned for good) at the end is the documented leak only when its
@@ -30,8 +31,12 @@ pub struct ReleaseLedger {
     abandons_sent: BTreeSet<(String, String)>,
     /// Transfers whose producer reported the push done (nothing of it outstanding).
     pushes_done: BTreeSet<String>,
-    /// By rank host: transfers a cancel left with nothing live, and the rank's incarnation.
-    cancelled: BTreeMap<String, BTreeMap<String, u32>>,
+    /// By rank host: transfers a cancel left with nothing live, the rank's incarnation and
+    /// how many tombstones its book had made by then.
+    cancelled: BTreeMap<String, BTreeMap<String, (u32, u64)>>,
+    /// `(rank host, incarnation, transfer id)` of every record a request left in a rank's
+    /// book: a terminal record may be gone since (its tombstone reaped), the rank held it.
+    held: BTreeSet<(String, u32, String)>,
 }
 
 /// A control request's op and fields, if the frame is a JSON object with an `op`.
@@ -85,6 +90,16 @@ pub fn note_push_done<'a>(tids: impl IntoIterator<Item = &'a str>) {
 /// live; flag a reserve that made a cancelled transfer live again.
 pub fn note_handled(host: &str, incarnation: u32, frame: &[u8], shard: &Shard) {
     let Some((op, v)) = decode(frame) else { return };
+    let named = match op.as_str() {
+        "cancel" => v.get("transfer_id").and_then(Value::as_str).map(str::to_string).into_iter().collect(),
+        _ => reserved_ids(&op, &v),
+    };
+    let recorded: Vec<String> = named.into_iter().filter(|tid| shard.book().state_of(tid).is_some()).collect();
+    if !recorded.is_empty() {
+        world::with(|w| {
+            w.release.held.extend(recorded.into_iter().map(|tid| (host.to_string(), incarnation, tid)));
+        });
+    }
     let live = |tid: &str| matches!(shard.book().state_of(tid), Some(State::Writing | State::Ready));
     if op == "cancel" {
         if flag(&v, "refresh") {
@@ -100,16 +115,23 @@ pub fn note_handled(host: &str, incarnation: u32, frame: &[u8], shard: &Shard) {
             return;
         }
         if !live(tid) {
+            let made = shard.book().tombstones_made();
             world::with(|w| {
-                w.release.cancelled.entry(host.to_string()).or_default().insert(tid.to_string(), incarnation)
+                w.release.cancelled.entry(host.to_string()).or_default().insert(tid.to_string(), (incarnation, made))
             });
         }
         return;
     }
+    let book = shard.book();
+    // At least this many tombstones made after the cancel's: it may have been evicted.
+    let limit = book.config().tombstone_limit as u64;
     for tid in reserved_ids(&op, &v) {
-        let cancelled = world::with(|w| {
-            w.release.cancelled.get(host).and_then(|m| m.get(&tid)).is_some_and(|inc| *inc == incarnation)
-        });
+        let cancelled =
+            world::with(|w| {
+                w.release.cancelled.get(host).and_then(|m| m.get(&tid)).is_some_and(|&(inc, made)| {
+                    inc == incarnation && book.tombstones_made().saturating_sub(made) < limit
+                })
+            });
         if cancelled && live(&tid) {
             // Once per transfer and rank.
             world::with(|w| w.release.cancelled.get_mut(host).map(|m| m.remove(&tid)));
@@ -127,6 +149,11 @@ impl ReleaseLedger {
     /// there, or finished the push.
     pub fn producer_gave_up(&self, host: &str, tid: &str) -> bool {
         self.pushes_done.contains(tid) || self.abandons_sent.contains(&(host.to_string(), tid.to_string()))
+    }
+
+    /// Rank `host`'s incarnation `incarnation` held a record of `tid` at some point.
+    pub fn ever_held(&self, host: &str, incarnation: u32, tid: &str) -> bool {
+        self.held.contains(&(host.to_string(), incarnation, tid.to_string()))
     }
 }
 

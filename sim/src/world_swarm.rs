@@ -48,6 +48,8 @@ mod stream {
     pub const REQUEST_TIMEOUT: u64 = BASE + 17;
     pub const FRAME_LIMIT: u64 = BASE + 18;
     pub const ABORT: u64 = BASE + 19;
+    pub const FINGERPRINT: u64 = BASE + 20;
+    pub const TOMBSTONES: u64 = BASE + 21;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -170,6 +172,14 @@ pub struct WorldSwarm {
     /// cancels their items while the pushes may still be on the way (default: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub abort: Option<AbortDraw>,
+    /// The configuration fingerprint every P2P peer announces (default: none, the
+    /// wildcard), so the handshake compares two set fingerprints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2p_fingerprint: Option<u64>,
+    /// Each rank keeps at most this many tombstones, few enough that cancels and expiries
+    /// reach the bound (default: the book's 65,536).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tombstone_limit: Option<usize>,
 }
 
 /// A clean consumer close (`Knobs::consumer_shutdown`), ms.
@@ -294,6 +304,8 @@ impl WorldSwarm {
             let lo = log_uniform(&mut r, 1, 60_000);
             AbortDraw { per_mille: log_uniform(&mut r, 5, 500) as u32, after_ms: (lo, lo + r.gen_range(0..=lo)) }
         });
+        let p2p_fingerprint = on(stream::FINGERPRINT, 0.5).map(|mut r| r.gen());
+        let tombstone_limit = on(stream::TOMBSTONES, 0.3).map(|mut r| log_uniform(&mut r, 1, 256) as usize);
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -314,6 +326,8 @@ impl WorldSwarm {
             request_timeout_ms,
             p2p_frame_limit,
             abort,
+            p2p_fingerprint,
+            tombstone_limit,
         }
     }
 
@@ -356,6 +370,8 @@ impl WorldSwarm {
             p2p_max_peers: self.max_peers,
             p2p_frame_limit: self.p2p_frame_limit,
             p2p_immediate_reconnect: self.immediate_reconnect,
+            p2p_config_fingerprint: self.p2p_fingerprint,
+            tombstone_limit: self.tombstone_limit,
             producer_sockets_per_shard: self.sockets_per_shard,
             producer_stalls: self
                 .producer_stalls

@@ -951,6 +951,11 @@ impl<R: RngCore> ReservationBook<R> {
         self.records.get(&TransferId::new(transfer_id)).map(|r| r.state)
     }
 
+    /// When a transfer's record times out (WRITING or READY) or its tombstone goes.
+    pub fn deadline_of(&self, transfer_id: &str) -> Option<Instant> {
+        self.records.get(&TransferId::new(transfer_id)).map(|r| r.deadline)
+    }
+
     /// Number of records, terminal ones included.
     pub fn len(&self) -> usize {
         self.records.len()
@@ -964,6 +969,12 @@ impl<R: RngCore> ReservationBook<R> {
     /// Terminal records kept as tombstones.
     pub fn tombstone_count(&self) -> usize {
         self.tombstones.len()
+    }
+
+    /// Tombstones made so far, refreshes included: one the count bound evicted has at
+    /// least `tombstone_limit` made after it.
+    pub fn tombstones_made(&self) -> u64 {
+        self.next_tombstone
     }
 
     /// The slab, read-only.

@@ -49,17 +49,19 @@ pub async fn run(host: String) -> turmoil::Result {
 async fn run_incarnation(host: &str) -> Option<Duration> {
     let host = host.to_string();
     let incarnation = world::start_incarnation(&host);
-    let (spec, rank, consumer, index, seed, regressions, max_pending_events, shutdown) = world::with(|w| {
-        let (spec, rank) = w.topo.rank_of(&host)?;
-        let consumer = w.topo.consumers.iter().position(|c| c.name == spec.name)?;
-        let index = w.topo.ranks().iter().position(|(_, _, h)| *h == host)?;
-        // Only the first incarnation closes; its successor serves to the end.
-        let shutdown = w
-            .knobs
-            .consumer_shutdown
-            .filter(|s| incarnation == 0 && s.consumer % w.topo.consumers.len().max(1) == consumer);
-        Some((spec.clone(), rank, consumer, index, w.seed, w.regressions, w.knobs.max_pending_events, shutdown))
-    })?;
+    let (spec, rank, consumer, index, seed, regressions, (max_pending_events, tombstone_limit), shutdown) =
+        world::with(|w| {
+            let (spec, rank) = w.topo.rank_of(&host)?;
+            let consumer = w.topo.consumers.iter().position(|c| c.name == spec.name)?;
+            let index = w.topo.ranks().iter().position(|(_, _, h)| *h == host)?;
+            // Only the first incarnation closes; its successor serves to the end.
+            let shutdown = w
+                .knobs
+                .consumer_shutdown
+                .filter(|s| incarnation == 0 && s.consumer % w.topo.consumers.len().max(1) == consumer);
+            let bounds = (w.knobs.max_pending_events, w.knobs.tombstone_limit);
+            Some((spec.clone(), rank, consumer, index, w.seed, w.regressions, bounds, shutdown))
+        })?;
     let event_port = EVENT_PORT_BASE + 1000 * consumer as u16 + 100 * rank as u16 + (incarnation % 100) as u16;
     let session = format!("{host}:{}", RPC_PORT + (incarnation % 1000) as u16);
     let slab_base = 0x7000_0000_0000u64 + ((index as u64) << 36);
@@ -77,6 +79,9 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
     config.book.regressions = regressions.book;
     if let Some(n) = max_pending_events {
         config.max_pending_events = n;
+    }
+    if let Some(n) = tombstone_limit {
+        config.book.tombstone_limit = n;
     }
     let rng = world::rng(seed, stream::SHARD, (index as u64) << 32 | u64::from(incarnation));
     let shard = Rc::new(RefCell::new(ConsumerShard::new(config, rng, clock::now())));

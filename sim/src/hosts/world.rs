@@ -261,6 +261,7 @@ impl World {
             .filter_map(|host| {
                 let rank = self.ranks.get(host)?;
                 let held = rank.shard.borrow().book().state_of(transfer_id).is_some()
+                    || self.release.ever_held(host, rank.incarnation, transfer_id)
                     || published.is_some_and(|p| p.contains_key(&rank.rank));
                 Some((host.clone(), rank.rank, rank.incarnation, held))
             })

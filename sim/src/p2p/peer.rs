@@ -65,6 +65,9 @@ pub struct PeerSettings {
     pub max_message_bytes: Option<usize>,
     /// `ManagerConfig::regressions`.
     pub manager: ManagerRegressions,
+    /// `SessionConfig::config_fingerprint` every peer announces (`None`: the empty
+    /// wildcard, production's default).
+    pub config_fingerprint: Option<u64>,
     /// The application sends no requests of its own, only answers (a scripted world,
     /// such as the driver-conformance test, decides every message).
     pub quiet: bool,
@@ -173,7 +176,7 @@ fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
     registry.t0 = cfg.t0;
     registry.max_peers = cfg.settings.max_peers;
     registry.max_message_bytes = cfg.settings.max_message_bytes;
-    let session = session_config(name, inc, !cfg.settings.no_handshake_deadline);
+    let session = session_config(name, inc, &cfg.settings);
     ManagerConfig {
         regressions: cfg.settings.manager,
         immediate_reconnect: cfg.settings.immediate_reconnect,
@@ -183,15 +186,16 @@ fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
 }
 
 /// What the sessions of host `name`'s incarnation `inc` announce (`local_id` is the
-/// registry's); with the W1+ handshake deadline when `deadline`.
-pub fn session_config(name: &str, inc: u32, deadline: bool) -> SessionConfig {
+/// registry's); with the W1+ handshake deadline unless the settings turn it off.
+pub fn session_config(name: &str, inc: u32, settings: &PeerSettings) -> SessionConfig {
+    let deadline = !settings.no_handshake_deadline;
     SessionConfig {
         local_id: String::new(),
         agent_metadata: format!("agent-{name}-{inc}").into_bytes(),
         base_addr: 0x1000_0000,
         num_blocks: 1024,
         block_len: 4096,
-        config_fingerprint: String::new(),
+        config_fingerprint: settings.config_fingerprint.map(|f| format!("{f:016x}")).unwrap_or_default(),
         hash_seed: "0".into(),
         // W1+: a session whose Connect went unanswered dies after 30 s instead of
         // stalling forever (race S5), so the pair reconnects. Mainline W1 has none.

@@ -236,7 +236,7 @@ fn production() -> Vec<String> {
     let scripted_id = format!("127.0.0.1:{port}");
 
     let log = CallLog::default();
-    let session = ctlplane_sim::p2p::session_config(NODE, 0, true);
+    let session = ctlplane_sim::p2p::session_config(NODE, 0, &ctlplane_sim::p2p::PeerSettings::default());
     let rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let (node, node_id) = log.record(|| {
         let mut node = ManagerLoop::bind_with(
