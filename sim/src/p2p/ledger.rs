@@ -44,6 +44,9 @@ struct Ledger {
     incarnation: BTreeMap<String, u32>,
     /// `(host, incarnation, connection)` → its sockets.
     sockets: BTreeMap<(String, u32, u64), SocketRecord>,
+    /// The keys of `sockets` not yet unregistered: what [`registered`] walks after every
+    /// poll, so a run that churns through many connections does not rescan them all.
+    listed: BTreeSet<(String, u32, u64)>,
     /// Sockets to look at in the next [`check_safety`].
     dirty: BTreeSet<(String, u32, u64)>,
     pairs: BTreeMap<(String, String), PairRecord>,
@@ -93,7 +96,9 @@ pub fn start(host: &str) -> u32 {
 /// A DEALER and its monitor PAIR were opened for connection `conn`.
 pub fn opened(host: &str, inc: u32, conn: u64) {
     with(|l| {
-        l.sockets.insert((host.to_string(), inc, conn), SocketRecord::default());
+        let key = (host.to_string(), inc, conn);
+        l.sockets.insert(key.clone(), SocketRecord::default());
+        l.listed.insert(key);
     });
 }
 
@@ -101,6 +106,9 @@ pub fn opened(host: &str, inc: u32, conn: u64) {
 pub fn dealer_closed(host: &str, inc: u32, conn: u64) {
     with(|l| {
         let key = (host.to_string(), inc, conn);
+        if !l.sockets.contains_key(&key) {
+            l.listed.insert(key.clone());
+        }
         l.sockets.entry(key.clone()).or_default().dealer_closes += 1;
         l.dirty.insert(key);
     });
@@ -110,6 +118,9 @@ pub fn dealer_closed(host: &str, inc: u32, conn: u64) {
 pub fn monitor_closed(host: &str, inc: u32, conn: u64) {
     with(|l| {
         let key = (host.to_string(), inc, conn);
+        if !l.sockets.contains_key(&key) {
+            l.listed.insert(key.clone());
+        }
         l.sockets.entry(key.clone()).or_default().monitor_closes += 1;
         l.dirty.insert(key);
     });
@@ -119,13 +130,11 @@ pub fn monitor_closed(host: &str, inc: u32, conn: u64) {
 /// connection of this incarnation has been unregistered and must have been closed.
 pub fn registered(host: &str, inc: u32, conns: &BTreeSet<u64>) {
     with(|l| {
-        let gone: Vec<(String, u32, u64)> = l
-            .sockets
-            .iter()
-            .filter(|((h, i, c), s)| h == host && *i == inc && !s.unregistered && !conns.contains(c))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let (first, last) = ((host.to_string(), inc, 0), (host.to_string(), inc, u64::MAX));
+        let gone: Vec<(String, u32, u64)> =
+            l.listed.range(first..=last).filter(|(_, _, c)| !conns.contains(c)).cloned().collect();
         for k in gone {
+            l.listed.remove(&k);
             if let Some(s) = l.sockets.get_mut(&k) {
                 s.unregistered = true;
             }
