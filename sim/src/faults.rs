@@ -106,6 +106,11 @@ pub struct Swarm {
     /// A P2P process out of file descriptors: its next DEALER opens fail.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub open_failures: KindRate,
+    /// The scheduler's next 2 or 3 requests to one rank turned into garbage at any time:
+    /// a remote cancel (or its discovery) fails twice or more in a row, so its lane
+    /// reaches its attempt bounds.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub scheduler_garbage: KindRate,
 }
 
 impl KindRate {
@@ -643,6 +648,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.discovery_garbage = rate();
     swarm.peer_close = rate();
     swarm.open_failures = rate();
+    swarm.scheduler_garbage = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -657,6 +663,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.discovery_garbage,
         swarm.peer_close,
         swarm.open_failures,
+        swarm.scheduler_garbage,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -786,9 +793,19 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let for_ms = rng.gen_range(0..=10_000);
                     out.push(Fault { at_ms: at(&mut rng, for_ms), kind: FaultKind::PeerClose { host, peer, for_ms } });
                 }
-                _ => {
+                12 => {
                     let Some(host) = pick(&mut rng, peers).cloned() else { continue };
                     let kind = FaultKind::OpenFailures { host, count: rng.gen_range(1..=3) };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind });
+                }
+                _ => {
+                    let (Some(from), Some(to)) =
+                        (pick(&mut rng, &topo.schedulers).cloned(), pick(&mut rng, ranks).cloned())
+                    else {
+                        continue;
+                    };
+                    let kind =
+                        FaultKind::Malformed { from, to, count: rng.gen_range(2..=3), garbage: Garbage::NotJson };
                     out.push(Fault { at_ms: at(&mut rng, 0), kind });
                 }
             }

@@ -606,6 +606,7 @@ mod tests {
                 discovery_garbage: off,
                 peer_close: off,
                 open_failures: off,
+                scheduler_garbage: off,
                 ..p.swarm
             };
             assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");
