@@ -106,6 +106,9 @@ pub struct Swarm {
     /// A P2P process out of file descriptors: its next DEALER opens fail.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub open_failures: KindRate,
+    /// One P2P peer opening many connections to another, as peers on its own host.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub inbound_flood: KindRate,
     /// The scheduler's next 2 or 3 requests to one rank turned into garbage at any time:
     /// a remote cancel (or its discovery) fails twice or more in a row, so its lane
     /// reaches its attempt bounds.
@@ -210,6 +213,11 @@ pub enum FaultKind {
     /// whose routing identity is `claims` (`host:port`), an address of its choosing
     /// (p2p-behaviour.md S18).
     ForgedIdentity { from: String, to: String, claims: String },
+    /// `from` opens `count` connections of its own to `to`'s P2P ROUTER, each with the
+    /// routing identity `from:port` for a distinct port where nothing listens, and sends a
+    /// Connect on each: peers on the sender's own host, which the peer check admits, so
+    /// `to` registers them until its `max_peers` bound refuses the rest.
+    InboundFlood { from: String, to: String, count: u32 },
     /// `host`'s P2P application fails on the next `count` role messages from `peer` (its
     /// handler raises); five in a row end the session (p2p-behaviour.md §2.3).
     HandlerFailures { host: String, peer: String, count: u32 },
@@ -245,6 +253,7 @@ impl FaultKind {
             FaultKind::ReplaceRace { .. } => "replace_race",
             FaultKind::StopReading { .. } => "stop_reading",
             FaultKind::ForgedIdentity { .. } => "forged_identity",
+            FaultKind::InboundFlood { .. } => "inbound_flood",
             FaultKind::HandlerFailures { .. } => "handler_failures",
             FaultKind::Oversize { .. } => "oversize",
             FaultKind::LostLoads { .. } => "lost_loads",
@@ -273,6 +282,7 @@ impl FaultKind {
             | FaultKind::HandlerFailures { .. }
             | FaultKind::Oversize { .. }
             | FaultKind::OpenFailures { .. } => 0,
+            FaultKind::InboundFlood { count, .. } => INBOUND_FLOOD_GAP_MS * u64::from(*count),
         }
     }
 
@@ -299,7 +309,9 @@ impl FaultKind {
             FaultKind::StopReading { host, .. }
             | FaultKind::LostLoads { host, .. }
             | FaultKind::OpenFailures { host, .. } => vec![host],
-            FaultKind::ForgedIdentity { from, to, .. } | FaultKind::Oversize { from, to } => vec![from, to],
+            FaultKind::ForgedIdentity { from, to, .. }
+            | FaultKind::InboundFlood { from, to, .. }
+            | FaultKind::Oversize { from, to } => vec![from, to],
             FaultKind::HandlerFailures { host, peer, .. } | FaultKind::PeerClose { host, peer, .. } => {
                 vec![host, peer]
             }
@@ -333,6 +345,16 @@ impl FaultKind {
             | FaultKind::HandlerFailures { .. }
             | FaultKind::Oversize { .. }
             | FaultKind::OpenFailures { .. } => Vec::new(),
+            // Its connections are made and accepted one by one: a hold on the link, or
+            // either end down or not polling, would leave them to arrive at once, more than
+            // the simulated listener's backlog takes.
+            FaultKind::InboundFlood { from, to, .. } => vec![
+                link(from, to),
+                format!("host {from}"),
+                format!("reader {from}"),
+                format!("host {to}"),
+                format!("reader {to}"),
+            ],
             // The host restarts when the armed send fails, soon after the fault starts.
             FaultKind::ReplaceRace { host, .. } => vec![format!("host {host}")],
             FaultKind::StopReading { host, .. } => vec![format!("reader {host}")],
@@ -462,7 +484,8 @@ impl FaultPlan {
     pub fn draw_swarmed(seed: u64, topo: &Topology, horizon: Duration, exposure: Exposure) -> Self {
         let mut plan = Self::draw_inner(seed, topo, horizon, true);
         let mut world = WorldSwarm::draw(seed, exposure);
-        let flooded = plan.faults.iter().any(|f| matches!(f.kind, FaultKind::PeerFlood { .. }));
+        let flooded =
+            plan.faults.iter().any(|f| matches!(f.kind, FaultKind::PeerFlood { .. } | FaultKind::InboundFlood { .. }));
         if flooded && world.max_peers.is_none() && !exposure.unbounded_peers {
             // Unbounded peers under a flood is race p2p-s10, which ctlplane has by default:
             // its fix is this bound (the open PR's value).
@@ -594,7 +617,7 @@ impl FaultPlan {
             if let FaultKind::Malformed { count: 0, .. } = f.kind {
                 return Err(FaultError::Invalid { index, what: "a malformed fault needs count >= 1" });
             }
-            if let FaultKind::PeerFlood { count: 0, .. } = f.kind {
+            if let FaultKind::PeerFlood { count: 0, .. } | FaultKind::InboundFlood { count: 0, .. } = f.kind {
                 return Err(FaultError::Invalid { index, what: "a peer flood needs count >= 1" });
             }
             if let FaultKind::HandlerFailures { count: 0, .. } = f.kind {
@@ -621,6 +644,13 @@ impl FaultPlan {
 /// `max_peers` the main job gives the P2P peers of a seed with a peer flood, unless its
 /// world drew a bound of its own.
 pub const FLOOD_FIX_MAX_PEERS: usize = 128;
+
+/// The first port an inbound flood's identities claim (nothing listens there).
+pub const INBOUND_FLOOD_PORT: u16 = 20_000;
+
+/// Between two connections of an inbound flood, ms: the simulated listener accepts about
+/// one connection per ms, and its backlog is bounded (64).
+const INBOUND_FLOOD_GAP_MS: u64 = 2;
 /// Requests each other peer sends a peer that stopped reading (more than the DEALER
 /// high-water mark, the peer's RCVHWM and the TCP credit hold).
 const STOP_READING_BURST: u32 = 3_000;
@@ -649,6 +679,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.peer_close = rate();
     swarm.open_failures = rate();
     swarm.scheduler_garbage = rate();
+    swarm.inbound_flood = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -664,6 +695,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.peer_close,
         swarm.open_failures,
         swarm.scheduler_garbage,
+        swarm.inbound_flood,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -796,6 +828,11 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                 12 => {
                     let Some(host) = pick(&mut rng, peers).cloned() else { continue };
                     let kind = FaultKind::OpenFailures { host, count: rng.gen_range(1..=3) };
+                    out.push(Fault { at_ms: at(&mut rng, 0), kind });
+                }
+                14 => {
+                    let Some((from, to)) = two(&mut rng) else { continue };
+                    let kind = FaultKind::InboundFlood { from, to, count: rng.gen_range(20..=300) };
                     out.push(Fault { at_ms: at(&mut rng, 0), kind });
                 }
                 _ => {
@@ -1214,6 +1251,16 @@ impl FaultDriver {
                 }
                 FaultKind::PeerFlood { host, count } => push(t, i, Step::Flood { host, count }),
                 FaultKind::ForgedIdentity { from, to, claims } => push(t, i, Step::Forge { from, to, claims }),
+                FaultKind::InboundFlood { from, to, count } => {
+                    for n in 0..count {
+                        let Some(port) = u16::try_from(n).ok().and_then(|n| n.checked_add(INBOUND_FLOOD_PORT)) else {
+                            break;
+                        };
+                        let claims = format!("{from}:{port}");
+                        let at = t + INBOUND_FLOOD_GAP_MS * u64::from(n);
+                        push(at, i, Step::Forge { from: from.clone(), to: to.clone(), claims });
+                    }
+                }
                 FaultKind::HandlerFailures { host, peer, count } => {
                     push(t, i, Step::FailHandler { host, peer, count });
                 }

@@ -137,7 +137,9 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
             (None, Some(g)) => *gap_ms = g,
             (None, None) => return None,
         },
-        FaultKind::PeerFlood { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
+        FaultKind::PeerFlood { count, .. } | FaultKind::InboundFlood { count, .. } => {
+            *count = (*count >= 2).then_some(*count / 2)?
+        }
         FaultKind::HandlerFailures { count, .. } | FaultKind::OpenFailures { count, .. } => {
             *count = (*count >= 2).then_some(*count / 2)?
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ctlplane_core::p2p::defaults::{HANDSHAKE_TIMEOUT, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
 use ctlplane_core::p2p::manager::{ManagerConfig, ManagerRegressions, PeerEvent, PeerManager, SessionId};
-use ctlplane_core::p2p::messages::Message;
+use ctlplane_core::p2p::messages::{Connect, Message};
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::{Direction, RegistryStats};
 use ctlplane_core::p2p::session::{SessionConfig, MAX_CONSECUTIVE_DISPATCH_ERRORS};
@@ -162,6 +162,11 @@ struct Peer {
     /// retired with the messages it carried (nothing could answer them), which the
     /// message-lost check excuses.
     open_failed: BTreeSet<String>,
+    /// The current poll's ROUTER identities, each with the host its connection came from:
+    /// an inbound peer id on that very host (another process there) may be dialled back.
+    sources: BTreeMap<String, String>,
+    /// What this host's sessions announce ([`session_config`]'s input).
+    settings: PeerSettings,
 }
 
 /// The registry's count of ROUTER messages it has dealt with: routed, refused or dropped.
@@ -259,6 +264,8 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         quiet: cfg.settings.quiet,
         handler_failures: BTreeMap::new(),
         open_failed: BTreeSet::new(),
+        sources: BTreeMap::new(),
+        settings: cfg.settings,
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
     loop {
@@ -292,13 +299,21 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
     let error = peer.fatal.clone().unwrap_or_default();
     trace::record(&name, "p2p.engine_crash", &[("error", &error)]);
     for p in peer.manager.session_peers() {
-        ledger::gone(&name, host_of(&p));
+        if let Some(host) = peer.pair_of(&p) {
+            ledger::gone(&name, host);
+        }
     }
     drop(peer);
     std::future::pending().await
 }
 
 impl Peer {
+    /// The world peer host a session with `peer` stands for in the ledger's pairs: none
+    /// for another id on that host (a flood's), whose sessions are not the pair's.
+    fn pair_of<'p>(&self, peer: &'p str) -> Option<&'p str> {
+        self.known.contains(peer).then(|| host_of(peer))
+    }
+
     /// One manager tick: the sockets' poll, the manager's tick, then the application and
     /// the faults.
     async fn tick(&mut self) {
@@ -310,7 +325,7 @@ impl Peer {
             self.flood(n, now).await;
         }
         for (to, claims) in faults::take_forged(&self.name) {
-            self.forge(&to, &claims);
+            self.forge(&to, &claims).await;
         }
         let (closes, reopens) = faults::take_closes(&self.name);
         for host in closes {
@@ -338,13 +353,19 @@ impl Peer {
         let before: BTreeMap<String, (ConnId, bool)> =
             registry.iter_connections().map(|(p, c, a)| (p.to_string(), (c, a))).collect();
         let mut input = PollInput::default();
+        self.sources.clear();
         loop {
             match self.router.try_recv_with_peer() {
                 Ok((frames, source)) => {
-                    input.router.push(frames);
                     // Peer ids here are host names, so the source is reported by the name
                     // of the host that has the address.
-                    input.sources.push(source.and_then(turmoil::reverse_lookup));
+                    let source = source.and_then(turmoil::reverse_lookup);
+                    if let (Some(id), Some(host)) = (frames.first().and_then(|f| std::str::from_utf8(f).ok()), &source)
+                    {
+                        self.sources.insert(id.to_string(), host.clone());
+                    }
+                    input.router.push(frames);
+                    input.sources.push(source);
                 }
                 Err(ZmqError::Again) => break,
                 Err(e) => {
@@ -461,7 +482,9 @@ impl Peer {
                 }
                 PeerEvent::Ready { peer, session } => {
                     trace::record(&self.name, "p2p.ready", &[("peer", &peer), ("session", &session)]);
-                    ledger::ready(&self.name, host_of(&peer));
+                    if let Some(host) = self.pair_of(&peer) {
+                        ledger::ready(&self.name, host);
+                    }
                 }
                 PeerEvent::Message { peer, session, message } => self.on_message(&peer, session, message),
                 PeerEvent::Down { peer, session, reason } => {
@@ -470,7 +493,9 @@ impl Peer {
                         "p2p.dead",
                         &[("peer", &peer), ("session", &session), ("reason", &reason)],
                     );
-                    ledger::gone(&self.name, host_of(&peer));
+                    if let Some(host) = self.pair_of(&peer) {
+                        ledger::gone(&self.name, host);
+                    }
                 }
                 PeerEvent::SendFailed { peer, error } => {
                     trace::record(&self.name, "p2p.send_failed", &[("peer", &peer), ("error", &error)]);
@@ -511,8 +536,8 @@ impl Peer {
                 .is_some_and(|o| o.requests.remove(&kv_request_id));
             if asked {
                 trace::record(&self.name, "p2p.response", &[("peer", &peer), ("kv", &kv_request_id)]);
-                if self.manager.is_ready(peer) {
-                    ledger::responded(&self.name, host_of(peer));
+                if let Some(host) = self.pair_of(peer).filter(|_| self.manager.is_ready(peer)) {
+                    ledger::responded(&self.name, host);
                 }
             } else {
                 trace::record(&self.name, "p2p.unmatched_response", &[("peer", &peer), ("kv", &kv_request_id)]);
@@ -601,13 +626,46 @@ impl Peer {
 
     /// A forged-identity fault: one well-formed message to `to`'s ROUTER from a DEALER of
     /// our own whose routing identity claims to be `claims`.
-    fn forge(&mut self, to: &str, claims: &str) {
-        let dealer = Socket::new(&self.ctx, SocketType::Dealer, options(Some(claims), self.max_message_bytes));
+    async fn forge(&mut self, to: &str, claims: &str) {
+        // After a drop each forged connection comes back on its own schedule (spread by the
+        // claimed port): an inbound flood's would otherwise all reconnect at once, more than
+        // the simulated listener's backlog takes.
+        let spread = claims.rsplit_once(':').and_then(|(_, p)| p.parse::<u64>().ok()).unwrap_or(0) % 1024;
+        let mut opts = options(Some(claims), self.max_message_bytes);
+        opts.reconnect_ivl += Duration::from_millis(2 * spread);
+        let dealer = Socket::new(&self.ctx, SocketType::Dealer, opts);
         let connected = dealer.connect(&format!("tcp://{to}:{PORT}"));
-        let frame = value::encode(&value::Value::map([
-            ("type", value::Value::from("connect")),
-            ("peer_id", value::Value::from(claims)),
-        ]));
+        let on_own_host = claims.rsplit_once(':').is_some_and(|(host, _)| host == self.name);
+        let frame = if let Some(port) =
+            claims.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).filter(|_| on_own_host)
+        {
+            // Another process on this host (an inbound flood's): it listens on the port its
+            // id names but never answers, so the receiver's dial-back connects and its
+            // session waits for a handshake that never completes, holding a registry slot
+            // until the handshake deadline.
+            let listener = Socket::new(&self.ctx, SocketType::Router, options(None, self.max_message_bytes));
+            if listener.bind(&format!("tcp://{}:{port}", self.name)).await.is_ok() {
+                self.forged.push(listener);
+            }
+            let c = session_config(&self.name, self.inc, &self.settings);
+            value::encode(
+                &Message::Connect(Connect {
+                    peer_id: claims.to_string(),
+                    agent_metadata: c.agent_metadata,
+                    base_addr: c.base_addr,
+                    num_blocks: c.num_blocks,
+                    block_len: c.block_len,
+                    config_fingerprint: c.config_fingerprint,
+                    hash_seed: c.hash_seed,
+                })
+                .to_value(),
+            )
+        } else {
+            value::encode(&value::Value::map([
+                ("type", value::Value::from("connect")),
+                ("peer_id", value::Value::from(claims)),
+            ]))
+        };
         let sent = connected.and_then(|()| dealer.try_send(vec![frame]));
         trace::record(&self.name, "p2p.forged_sent", &[("to", &to), ("claims", &claims), ("ok", &sent.is_ok())]);
         self.forged.push(dealer);
@@ -714,7 +772,10 @@ impl Peer {
                         );
                     }
                     let inbound = self.manager.registry().direction(&peer) == Some(Direction::Inbound);
-                    if inbound && !self.known.contains(&peer) {
+                    let on_its_host = peer
+                        .rsplit_once(':')
+                        .is_some_and(|(host, _)| self.sources.get(&peer).is_some_and(|source| source == host));
+                    if inbound && !self.known.contains(&peer) && !on_its_host {
                         oracle::violate(
                             "p2p-dial-non-peer",
                             &self.name,
