@@ -625,24 +625,24 @@ impl Peer {
     }
 
     /// A forged-identity fault: one well-formed message to `to`'s ROUTER from a DEALER of
-    /// our own whose routing identity claims to be `claims`.
+    /// our own whose routing identity claims to be `claims`. A claim on our own host (an
+    /// inbound flood's) stands for another process here: a full Connect, and a listener on
+    /// the claimed port.
     async fn forge(&mut self, to: &str, claims: &str) {
+        let claimed = claims.rsplit_once(':');
+        let port = claimed.and_then(|(_, p)| p.parse::<u16>().ok());
         // After a drop each forged connection comes back on its own schedule (spread by the
         // claimed port): an inbound flood's would otherwise all reconnect at once, more than
         // the simulated listener's backlog takes.
-        let spread = claims.rsplit_once(':').and_then(|(_, p)| p.parse::<u64>().ok()).unwrap_or(0) % 1024;
         let mut opts = options(Some(claims), self.max_message_bytes);
-        opts.reconnect_ivl += Duration::from_millis(2 * spread);
+        opts.reconnect_ivl += Duration::from_millis(2 * (port.map_or(0, u64::from) % 1024));
         let dealer = Socket::new(&self.ctx, SocketType::Dealer, opts);
         let connected = dealer.connect(&format!("tcp://{to}:{PORT}"));
-        let on_own_host = claims.rsplit_once(':').is_some_and(|(host, _)| host == self.name);
-        let frame = if let Some(port) =
-            claims.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).filter(|_| on_own_host)
-        {
-            // Another process on this host (an inbound flood's): it listens on the port its
-            // id names but never answers, so the receiver's dial-back connects and its
-            // session waits for a handshake that never completes, holding a registry slot
-            // until the handshake deadline.
+        let on_own_host = claimed.is_some_and(|(host, _)| host == self.name);
+        let frame = if let Some(port) = port.filter(|_| on_own_host) {
+            // It listens on the port its id names but never answers, so the receiver's
+            // dial-back connects and its session waits for a handshake that never
+            // completes, holding a registry slot until the handshake deadline.
             let listener = Socket::new(&self.ctx, SocketType::Router, options(None, self.max_message_bytes));
             if listener.bind(&format!("tcp://{}:{port}", self.name)).await.is_ok() {
                 self.forged.push(listener);
