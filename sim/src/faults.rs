@@ -214,9 +214,10 @@ pub enum FaultKind {
     /// (p2p-behaviour.md S18).
     ForgedIdentity { from: String, to: String, claims: String },
     /// `from` opens `count` connections of its own to `to`'s P2P ROUTER, each with the
-    /// routing identity `from:port` for a distinct port where nothing listens, and sends a
-    /// Connect on each: peers on the sender's own host, which the peer check admits, so
-    /// `to` registers them until its `max_peers` bound refuses the rest.
+    /// routing identity `from:port` for a distinct port, where `from` listens without ever
+    /// answering, and sends a Connect on each: peers on the sender's own host, which the
+    /// peer check admits, so `to` registers them (each waiting out its handshake deadline)
+    /// until its `max_peers` bound refuses the rest.
     InboundFlood { from: String, to: String, count: u32 },
     /// `host`'s P2P application fails on the next `count` role messages from `peer` (its
     /// handler raises); five in a row end the session (p2p-behaviour.md §2.3).
@@ -645,7 +646,7 @@ impl FaultPlan {
 /// world drew a bound of its own.
 pub const FLOOD_FIX_MAX_PEERS: usize = 128;
 
-/// The first port an inbound flood's identities claim (nothing listens there).
+/// The first port an inbound flood's identities claim (no P2P peer listens there).
 pub const INBOUND_FLOOD_PORT: u16 = 20_000;
 
 /// Between two connections of an inbound flood, ms: the simulated listener accepts about
