@@ -56,9 +56,11 @@ pub fn raw_socket(ctx: &zmq::Context, kind: zmq::SocketType, rcvtimeo_ms: i32) -
 }
 
 /// A ROUTER bound to an ephemeral loopback port, playing a REP server by hand; returns
-/// it and its address.
+/// it and its address. It lingers: a scripted server's thread drops it right after its
+/// last reply, and a linger-0 close could discard that reply before libzmq wrote it out.
 pub fn raw_router(ctx: &zmq::Context) -> (zmq::Socket, String) {
     let router = raw_socket(ctx, zmq::ROUTER, 5_000);
+    router.set_linger(5_000).unwrap();
     router.bind("tcp://127.0.0.1:0").unwrap();
     let addr = router.get_last_endpoint().unwrap().unwrap();
     (router, addr)
