@@ -759,7 +759,12 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                             continue;
                         };
                         let kind = FaultKind::Partition { a, b, for_ms: rng.gen_range(3_000..=15_000) };
-                        out.push(Fault { at_ms: rng.gen_range(0..=200), kind });
+                        // Half the time from the very start, so the scheduler's first
+                        // `peers` is lost too (it leaves in the first step and is answered
+                        // within milliseconds): the consumer's topology stays unknown, and
+                        // a remote cancel meanwhile must discover the shards itself.
+                        let at_ms = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(0..=200) };
+                        out.push(Fault { at_ms, kind });
                         // Half the time pushes fail meanwhile too, so requests that arrive
                         // while a drain blocks on discovery wait in vain.
                         if rng.gen_bool(0.5) {
@@ -1569,6 +1574,20 @@ mod tests {
         }
         let all: BTreeSet<&str> = plans.iter().flat_map(|p| p.faults.iter().map(|f| f.kind.name())).collect();
         assert_eq!(all.len(), 8, "every kind is drawn by some seed: {all:?}");
+    }
+
+    #[test]
+    fn a_lost_scheduler_discovery_sometimes_starts_before_its_first_request() {
+        let topo = Topology::full();
+        let starts: Vec<u64> = (0..200)
+            .flat_map(|s| FaultPlan::draw_swarmed(s, &topo, Duration::from_secs(120), Exposure::default()).faults)
+            .filter_map(|f| match &f.kind {
+                FaultKind::Partition { a, b, .. } if a.starts_with("scheduler") && b.ends_with("-r0") => Some(f.at_ms),
+                _ => None,
+            })
+            .collect();
+        assert!(starts.contains(&0), "the scheduler's first `peers` is lost: {starts:?}");
+        assert!(starts.iter().any(|&t| t > 0), "{starts:?}");
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Knobs {
     /// Tombstones (cancelled and expired records) each rank keeps at most
     /// (`BookConfig::tombstone_limit`); `None` keeps the book's default, which no run fills.
     pub tombstone_limit: Option<usize>,
+    /// The scheduler's control timeout (`control_timeout_s`, every REQ exchange of its
+    /// discovery and remote cancels); `None` keeps the production default of 30 s.
+    pub scheduler_control_timeout: Option<Duration>,
     /// REQ sockets the producer host keeps per shard address (its worker threads' sockets,
     /// ec-behaviour.md §5: one per (thread, address)), and so the coordinator's
     /// `PushConfig::max_requests_per_shard`; `None` = one, the default.

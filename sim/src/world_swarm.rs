@@ -50,6 +50,7 @@ mod stream {
     pub const ABORT: u64 = BASE + 19;
     pub const FINGERPRINT: u64 = BASE + 20;
     pub const TOMBSTONES: u64 = BASE + 21;
+    pub const SCHEDULER_TIMEOUT: u64 = BASE + 22;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -180,6 +181,11 @@ pub struct WorldSwarm {
     /// reach the bound (default: the book's 65,536).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tombstone_limit: Option<usize>,
+    /// The scheduler's `control_timeout_s`, ms: short enough that a remote cancel's
+    /// requests (its `peers` among them) fail inside a partition or crash more than once
+    /// in a row (default: 30 s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduler_timeout_ms: Option<u64>,
 }
 
 /// A clean consumer close (`Knobs::consumer_shutdown`), ms.
@@ -306,6 +312,7 @@ impl WorldSwarm {
         });
         let p2p_fingerprint = on(stream::FINGERPRINT, 0.5).map(|mut r| r.gen());
         let tombstone_limit = on(stream::TOMBSTONES, 0.3).map(|mut r| log_uniform(&mut r, 1, 256) as usize);
+        let scheduler_timeout_ms = on(stream::SCHEDULER_TIMEOUT, 0.3).map(|mut r| log_uniform(&mut r, 500, 10_000));
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -328,6 +335,7 @@ impl WorldSwarm {
             abort,
             p2p_fingerprint,
             tombstone_limit,
+            scheduler_timeout_ms,
         }
     }
 
@@ -372,6 +380,7 @@ impl WorldSwarm {
             p2p_immediate_reconnect: self.immediate_reconnect,
             p2p_config_fingerprint: self.p2p_fingerprint,
             tombstone_limit: self.tombstone_limit,
+            scheduler_control_timeout: self.scheduler_timeout_ms.map(d),
             producer_sockets_per_shard: self.sockets_per_shard,
             producer_stalls: self
                 .producer_stalls
@@ -402,6 +411,10 @@ mod tests {
         assert!(worlds.iter().any(|w| w.encode_ms.is_some_and(|(lo, hi)| lo < REFRESH_AGE_MS && hi > REFRESH_AGE_MS)));
         assert!(worlds.iter().any(|w| w.hashes.is_some() && w.sockets_per_shard.is_some()));
         assert!(worlds.iter().any(|w| w.abort.is_some()) && worlds.iter().any(|w| w.abort.is_none()));
+        // Short scheduler timeouts, as well as production's 30 s.
+        assert!(worlds.iter().any(|w| w.scheduler_timeout_ms.is_none()));
+        assert!(worlds.iter().any(|w| w.scheduler_timeout_ms.is_some_and(|t| t < 1_000)));
+        assert!(worlds.iter().all(|w| w.scheduler_timeout_ms.is_none_or(|t| (500..=10_000).contains(&t))));
         assert!(worlds.iter().all(|w| !w.no_handshake_deadline && w.max_pending_events.is_none()));
         assert!(worlds.iter().all(|w| w.retry.is_none()));
         let exposed: Vec<WorldSwarm> = (0..50).map(|s| WorldSwarm::draw(s, Exposure::of("p2p-s5"))).collect();

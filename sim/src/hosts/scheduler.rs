@@ -86,7 +86,7 @@ pub async fn run(host: String) -> turmoil::Result {
     crate::trace::record(&host, "ec.scheduler.start", &[("incarnation", &incarnation)]);
     let ctx = Context::new(&host);
     let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
-    let (config, specs) = world::with(|w| {
+    let (config, specs, timeout) = world::with(|w| {
         let mut readiness = ReadinessConfig::default();
         if let Some(wait) = w.knobs.push_wait_timeout {
             readiness.push_wait_timeout = wait;
@@ -99,7 +99,7 @@ pub async fn run(host: String) -> turmoil::Result {
         };
         let specs: Vec<(String, Vec<String>)> =
             w.topo.consumers.iter().map(|c| (c.base_addr(), c.ranks.clone())).collect();
-        (config, specs)
+        (config, specs, w.knobs.scheduler_control_timeout.unwrap_or(CONTROL_TIMEOUT))
     });
     let mut core = Scheduler::new(config);
     let mut consumers = BTreeMap::new();
@@ -107,9 +107,9 @@ pub async fn run(host: String) -> turmoil::Result {
     for (index, (base, ranks)) in specs.into_iter().enumerate() {
         let id = core.add_consumer(&base);
         consumers.insert(id, PerConsumer { index, ranks, pull: None });
-        cancels.insert(id, Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT)));
+        cancels.insert(id, Rc::new(ControlClient::new(&ctx, &host, timeout)));
     }
-    let discovery = Rc::new(ControlClient::new(&ctx, &host, CONTROL_TIMEOUT));
+    let discovery = Rc::new(ControlClient::new(&ctx, &host, timeout));
     let mut collisions = Collisions::new(incarnation);
     let mut h = Host {
         name: host,
