@@ -95,9 +95,14 @@ impl TcpStream {
             Ok::<_, Error>((pair, rx, bidi))
         })?;
 
+        // ctlplane patch: a connect that fails (refused, its SYN lost) or is dropped before
+        // the SYN-ACK gives its socket and ephemeral port back, as a kernel does; upstream
+        // kept both, so a client redialling a dead server exhausted the host's ports.
+        let mut pending = PendingConnect(Some(pair));
         syn_ack.await.map_err(|_| {
             io::Error::new(io::ErrorKind::ConnectionRefused, pair.remote.to_string())
         })?;
+        pending.0 = None;
 
         tracing::trace!(target: TRACING_TARGET, src = ?pair.remote, dst = ?pair.local, protocol = %"TCP SYN-ACK", "Recv");
 
@@ -640,5 +645,17 @@ impl Drop for WriteHalf {
             }
             world.current_host_mut().tcp.close_stream_half(*self.pair);
         })
+    }
+}
+
+/// ctlplane patch: the socket of a connect still waiting for its SYN-ACK; dropped before
+/// the connect succeeds, it removes the socket so the ephemeral port is free again.
+struct PendingConnect(Option<SocketPair>);
+
+impl Drop for PendingConnect {
+    fn drop(&mut self) {
+        if let Some(pair) = self.0.take() {
+            World::current_if_set(|world| world.current_host_mut().tcp.reset_stream(pair));
+        }
     }
 }
