@@ -506,8 +506,11 @@ impl Tcp {
                 // If bound, queue the syn; else we drop the syn triggering
                 // connection refused on the client.
                 if let Some(b) = self.binds.get_mut(&dst.port()) {
-                    if b.deque.len() == self.server_socket_capacity {
-                        panic!("{dst} server socket buffer full");
+                    // ctlplane patch: a full accept backlog drops the SYN (the client
+                    // sees its connect refused and dials again) instead of panicking.
+                    if b.deque.len() >= self.server_socket_capacity {
+                        tracing::debug!(target: TRACING_TARGET, ?src, ?dst, "accept backlog full; SYN dropped");
+                        return Ok(());
                     }
 
                     if matches(b.bind_addr, dst) {
