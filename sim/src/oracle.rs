@@ -77,6 +77,19 @@ pub const RESOLVE_SLACK: Duration = Duration::from_secs(5);
 pub const SETTLED: Duration =
     Duration::from_secs(crate::engine::ACTIVE.as_secs() + 2 * ctlplane_core::ec::defaults::CONTROL_TIMEOUT.as_secs());
 
+/// `rep-answers`: what a live rank sends back is a reply its clients can read, never an
+/// empty or garbled frame (a client takes one for a failed exchange, not for the refusal
+/// or result the rank meant). Read with the clients' own decoder.
+pub fn check_reply(host: &str, reply: &[u8]) {
+    if let Err(error) = ctlplane_core::ec::wire::decode_reply(reply) {
+        violate(
+            "rep-answers",
+            host,
+            format!("a request was answered with a frame that is not a reply ({error}, {} bytes)", reply.len()),
+        );
+    }
+}
+
 /// Safety, after every step: for every rank whose book changed, its structural invariants
 /// (no overlapping or double allocation, memory owned exactly once: `no-overlap`), the
 /// event backlog bound and the drop count (`backlog-bounded`); for

@@ -339,6 +339,7 @@ async fn serve(
         if step != ServeStep::Reply {
             return halted(shard);
         }
+        crate::oracle::check_reply(host, &reply);
         let granted_writer = reply.windows(13).any(|w| w == b"\"write\": true");
         if matches!(close, Some(Close::Closing { .. })) {
             crate::shutdown::check_served(host, &shard.borrow(), granted_writer);
