@@ -167,6 +167,8 @@ struct Peer {
     sources: BTreeMap<String, String>,
     /// What this host's sessions announce ([`session_config`]'s input).
     settings: PeerSettings,
+    /// DEALER opens and closes the manager asked for: its registry's counters must agree.
+    dealer_actions: (u64, u64),
 }
 
 /// The registry's count of ROUTER messages it has dealt with: routed, refused or dropped.
@@ -265,6 +267,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         handler_failures: BTreeMap::new(),
         open_failed: BTreeSet::new(),
         sources: BTreeMap::new(),
+        dealer_actions: (0, 0),
         settings: cfg.settings,
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
@@ -762,6 +765,7 @@ impl Peer {
         while let Some(action) = self.manager.poll_action() {
             match action {
                 Action::OpenDealer { conn, peer, endpoint, identity, monitor } => {
+                    self.dealer_actions.0 += 1;
                     let host_port =
                         peer.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
                     if !host_port {
@@ -818,6 +822,7 @@ impl Peer {
                     }
                 }
                 Action::CloseDealer { conn, peer } => {
+                    self.dealer_actions.1 += 1;
                     ledger::monitor_closed(&self.name, self.inc, conn);
                     ledger::dealer_closed(&self.name, self.inc, conn);
                     trace::record(&self.name, "p2p.dealer_close", &[("peer", &peer), ("conn", &conn)]);
@@ -855,6 +860,20 @@ impl Peer {
                     }
                 }
             }
+        }
+        // What an operator reads of the registry: every DEALER opened and closed counted
+        // once, as the actions it handed out (`dealer-closed-once`).
+        let stats = self.manager.registry().stats();
+        if (stats.dealers_opened, stats.dealers_closed) != self.dealer_actions {
+            oracle::violate(
+                "dealer-closed-once",
+                &self.name,
+                format!(
+                    "the registry counts {} DEALER(s) opened and {} closed; it asked for {} and {}",
+                    stats.dealers_opened, stats.dealers_closed, self.dealer_actions.0, self.dealer_actions.1
+                ),
+            );
+            self.dealer_actions = (stats.dealers_opened, stats.dealers_closed);
         }
     }
 
