@@ -35,6 +35,21 @@ pub struct SessionConfig {
     pub silent_connect_rejection: bool,
 }
 
+impl SessionConfig {
+    /// The Connect this side announces.
+    pub fn connect(&self) -> Connect {
+        Connect {
+            peer_id: self.local_id.clone(),
+            agent_metadata: self.agent_metadata.clone(),
+            base_addr: self.base_addr,
+            num_blocks: self.num_blocks,
+            block_len: self.block_len,
+            config_fingerprint: self.config_fingerprint.clone(),
+            hash_seed: self.hash_seed.clone(),
+        }
+    }
+}
+
 /// Why a session died.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum DeathReason {
@@ -115,17 +130,7 @@ impl HandshakeSession {
             Phase::Dead => return Err(SessionError::Dead(self.peer_id.clone())),
         }
         self.phase = Phase::Connected { ready: false, attached_at: now };
-        let c = &self.config;
-        let connect = Message::Connect(Connect {
-            peer_id: c.local_id.clone(),
-            agent_metadata: c.agent_metadata.clone(),
-            base_addr: c.base_addr,
-            num_blocks: c.num_blocks,
-            block_len: c.block_len,
-            config_fingerprint: c.config_fingerprint.clone(),
-            hash_seed: c.hash_seed.clone(),
-        });
-        self.outbox.push_back(connect.to_value());
+        self.outbox.push_back(Message::Connect(self.config.connect()).to_value());
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ctlplane_core::p2p::defaults::{HANDSHAKE_TIMEOUT, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
 use ctlplane_core::p2p::manager::{ManagerConfig, ManagerRegressions, PeerEvent, PeerManager, SessionId};
-use ctlplane_core::p2p::messages::{Connect, Message};
+use ctlplane_core::p2p::messages::Message;
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::{Direction, RegistryStats};
 use ctlplane_core::p2p::session::{SessionConfig, MAX_CONSECUTIVE_DISPATCH_ERRORS};
@@ -650,19 +650,9 @@ impl Peer {
             if listener.bind(&format!("tcp://{}:{port}", self.name)).await.is_ok() {
                 self.forged.push(listener);
             }
-            let c = session_config(&self.name, self.inc, &self.settings);
-            value::encode(
-                &Message::Connect(Connect {
-                    peer_id: claims.to_string(),
-                    agent_metadata: c.agent_metadata,
-                    base_addr: c.base_addr,
-                    num_blocks: c.num_blocks,
-                    block_len: c.block_len,
-                    config_fingerprint: c.config_fingerprint,
-                    hash_seed: c.hash_seed,
-                })
-                .to_value(),
-            )
+            let mut config = session_config(&self.name, self.inc, &self.settings);
+            config.local_id = claims.to_string();
+            value::encode(&Message::Connect(config.connect()).to_value())
         } else {
             value::encode(&value::Value::map([
                 ("type", value::Value::from("connect")),
