@@ -7,7 +7,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use ctlplane_core::p2p::messages::{Connect, Message, Parsed, ValidationError};
+use ctlplane_core::p2p::messages::{Connect, Message, Parsed};
 use ctlplane_core::p2p::session::{HandshakeSession, SessionConfig, SessionEvent};
 use ctlplane_core::p2p::value::{self, Value};
 use ctlplane_core::Instant;
@@ -32,7 +32,6 @@ enum Step {
     Send(u8),
     DispatchOk,
     DispatchFailed,
-    DispatchInvalid,
     SendFailed,
     ConnectionLost,
     /// Advance the clock by this many seconds and run the timer.
@@ -123,7 +122,6 @@ fuzz_target!(|input: Input| {
             }
             Step::DispatchOk => s.dispatch_ok(),
             Step::DispatchFailed => s.dispatch_failed("handler failed"),
-            Step::DispatchInvalid => s.dispatch_invalid(&ValidationError::NotAMap("int")),
             Step::SendFailed => s.send_failed("EHOSTUNREACH"),
             Step::ConnectionLost => s.connection_lost(),
             Step::Advance(secs) => {

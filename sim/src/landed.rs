@@ -30,11 +30,19 @@ pub struct LandedLedger {
     /// Fresh writer grants whose write has not returned yet: (session, transfer id).
     /// What a closing rank must not release its pool under (race S21).
     writing: BTreeSet<(String, String)>,
+    /// Zero-byte writes that returned, by (session, mm_hash): an empty tensor has no
+    /// destination bytes (its `dst_ptr` is null), so its readiness needs only that a
+    /// write of the item returned in that slab.
+    empty: BTreeSet<(String, String)>,
 }
 
 impl LandedLedger {
     /// A write of `nbytes` of `mm_hash` landed at `dst_ptr` in `session`'s slab.
     pub fn note_landed(&mut self, session: &str, dst_ptr: u64, nbytes: u64, mm_hash: &str) {
+        if nbytes == 0 {
+            self.empty.insert((session.to_string(), mm_hash.to_string()));
+            return;
+        }
         let end = dst_ptr.saturating_add(nbytes);
         self.forget(session, dst_ptr, end);
         self.landed.entry(session.to_string()).or_default().insert(dst_ptr, (end, mm_hash.to_string()));
@@ -82,6 +90,13 @@ impl LandedLedger {
         let (tid, rid, mm_hash) = (field("transfer_id"), field("reservation_id"), field("mm_hash"));
         let nbytes = event.get("nbytes").and_then(Value::as_u64).unwrap_or(0);
         let Some(&dst) = self.granted.get(&(session.to_string(), tid.clone(), rid.clone())) else { return Ok(()) };
+        if nbytes == 0 {
+            return if self.empty.contains(&(session.to_string(), mm_hash.clone())) {
+                Ok(())
+            } else {
+                Err(format!("{tid} announced ready (reservation {rid}) before any write of its empty tensor returned"))
+            };
+        }
         let covering = self.landed.get(session).and_then(|m| m.range(..=dst).next_back());
         match covering {
             Some((_, (end, h))) if *end >= dst.saturating_add(nbytes) && *h == mm_hash => Ok(()),

@@ -51,6 +51,7 @@ mod stream {
     pub const FINGERPRINT: u64 = BASE + 20;
     pub const TOMBSTONES: u64 = BASE + 21;
     pub const SCHEDULER_TIMEOUT: u64 = BASE + 22;
+    pub const EMPTY: u64 = BASE + 23;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -186,6 +187,8 @@ pub struct WorldSwarm {
     /// in a row (default: 30 s).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scheduler_timeout_ms: Option<u64>,
+    /// Every `k`-th mm_hash is a zero-byte tensor, whose reservation holds no slab memory.
+    pub empty_every: Option<usize>,
 }
 
 /// A clean consumer close (`Knobs::consumer_shutdown`), ms.
@@ -313,6 +316,7 @@ impl WorldSwarm {
         let p2p_fingerprint = on(stream::FINGERPRINT, 0.5).map(|mut r| r.gen());
         let tombstone_limit = on(stream::TOMBSTONES, 0.3).map(|mut r| log_uniform(&mut r, 1, 256) as usize);
         let scheduler_timeout_ms = on(stream::SCHEDULER_TIMEOUT, 0.3).map(|mut r| log_uniform(&mut r, 500, 10_000));
+        let empty_every = on(stream::EMPTY, 0.2).map(|mut r| r.gen_range(2..=12));
         WorldSwarm {
             encode_ms,
             write_ms,
@@ -336,6 +340,7 @@ impl WorldSwarm {
             p2p_fingerprint,
             tombstone_limit,
             scheduler_timeout_ms,
+            empty_every,
         }
     }
 
@@ -353,6 +358,7 @@ impl WorldSwarm {
         if let Some(n) = self.hashes {
             workload.hashes = n.max(1);
         }
+        workload.empty_every = self.empty_every;
         if let Some(g) = self.mean_gap_ms {
             workload.mean_gap = d(g.max(1));
         }
@@ -415,6 +421,10 @@ mod tests {
         assert!(worlds.iter().any(|w| w.scheduler_timeout_ms.is_none()));
         assert!(worlds.iter().any(|w| w.scheduler_timeout_ms.is_some_and(|t| t < 1_000)));
         assert!(worlds.iter().all(|w| w.scheduler_timeout_ms.is_none_or(|t| (500..=10_000).contains(&t))));
+        // Some worlds hold zero-byte tensors; most do not.
+        assert!(worlds.iter().filter(|w| w.empty_every.is_some()).count() > 20);
+        assert!(worlds.iter().filter(|w| w.empty_every.is_none()).count() > 100);
+        assert!(worlds.iter().all(|w| w.empty_every.is_none_or(|k| (2..=12).contains(&k))));
         assert!(worlds.iter().all(|w| !w.no_handshake_deadline && w.max_pending_events.is_none()));
         assert!(worlds.iter().all(|w| w.retry.is_none()));
         let exposed: Vec<WorldSwarm> = (0..50).map(|s| WorldSwarm::draw(s, Exposure::of("p2p-s5"))).collect();

@@ -7,7 +7,7 @@
 //! send through [`HandshakeSession::poll_transmit`] and reports what happened through
 //! [`HandshakeSession::poll_event`].
 
-use super::messages::{Connect, Message, Parsed, ValidationError};
+use super::messages::{Connect, Message, Parsed};
 use super::value::Value;
 use crate::time::Instant;
 use std::collections::VecDeque;
@@ -230,11 +230,6 @@ impl HandshakeSession {
         if self.consecutive_errors >= MAX_CONSECUTIVE_DISPATCH_ERRORS {
             self.protocol_error(&format!("{} consecutive dispatch errors", self.consecutive_errors));
         }
-    }
-
-    /// A role handler found the message invalid: a protocol error at once.
-    pub fn dispatch_invalid(&mut self, error: &ValidationError) {
-        self.protocol_error(error);
     }
 
     /// The driver could not send a frame from [`Self::poll_transmit`].

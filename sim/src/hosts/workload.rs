@@ -25,6 +25,9 @@ pub struct WorkloadConfig {
     pub mean_gap: Duration,
     /// Distinct mm_hashes the items are drawn from.
     pub hashes: usize,
+    /// Every `k`-th mm_hash is an empty tensor (`[0, 128]`, zero bytes): torch hands such a
+    /// tensor a null data pointer, so its reservation takes no slab memory. `None`: none is.
+    pub empty_every: Option<usize>,
     /// Items per request, at most.
     pub max_items: usize,
     /// Longest encoder run: a push's source is bound this long (at most) after it starts.
@@ -82,6 +85,7 @@ impl Default for WorkloadConfig {
             span: Duration::from_secs(19),
             mean_gap: Duration::from_millis(80),
             hashes: 64,
+            empty_every: None,
             max_items: 3,
             max_encode: Duration::from_millis(40),
             min_encode: Duration::ZERO,
@@ -116,7 +120,8 @@ pub fn draw(config: &WorkloadConfig, consumers: usize, producers: usize, rng: &m
     let hashes: Vec<(String, u64)> = (0..config.hashes)
         .map(|i| {
             // Rows per hash fixed, so every push of one hash has one shape.
-            let rows = [16u64, 64, 256, 1024][i % 4];
+            let empty = config.empty_every.is_some_and(|k| i % k.max(1) == k.max(1) - 1);
+            let rows = if empty { 0 } else { [16u64, 64, 256, 1024][i % 4] };
             (hex(rng, 32), rows)
         })
         .collect();

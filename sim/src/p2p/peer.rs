@@ -617,6 +617,25 @@ impl Peer {
             self.manager.connect_once(&bad, now);
             self.settle().await;
         }
+        // And one names a peer this host holds a live session with: refused, and that
+        // session goes on (`p2p-duplicate-connect`); S1's manager without an error
+        // boundary escapes instead.
+        if let Some(peer) = self.manager.session_peers().into_iter().find(|p| self.manager.is_alive(p)) {
+            let session = self.manager.session_id(&peer);
+            self.manager.connect_once(&peer, now);
+            let kept = self.manager.session_id(&peer) == session && self.manager.is_alive(&peer);
+            if !self.settings.manager.errors_escape && (self.manager.fatal().is_some() || !kept) {
+                oracle::violate(
+                    "p2p-duplicate-connect",
+                    &self.name,
+                    format!("connecting again to {peer} while its session {session:?} is alive ended the engine or the session"),
+                );
+            }
+            self.settle().await;
+            if self.fatal.is_some() {
+                return;
+            }
+        }
         for i in 0..n {
             let Some(port) = u16::try_from(i).ok().and_then(|i| FLOOD_PORT.checked_add(i)) else { break };
             self.manager.connect_once(&format!("{}:{port}", self.name), now);
@@ -796,6 +815,10 @@ impl Peer {
                             self.dealers.insert(conn, Dealer { peer, dealer, pair });
                         }
                         Err(e) => {
+                            let session = self
+                                .manager
+                                .session_id(&peer)
+                                .filter(|_| self.manager.session_conn(&peer) == Some(conn));
                             self.manager.handle_open_failed(conn, &e.to_string());
                             // Nothing was opened: a registration left alive on it would take
                             // the peer's messages and answers into a connection with no socket.
@@ -805,6 +828,17 @@ impl Peer {
                                     "p2p-open-failed",
                                     &self.name,
                                     format!("connection {conn} to {peer} stays alive after its DEALER failed to open"),
+                                );
+                            }
+                            // Its session can never hear the peer: it dies now, not at its
+                            // handshake deadline (which a world may not even set).
+                            if session.is_some_and(|s| {
+                                self.manager.session_id(&peer) == Some(s) && self.manager.is_alive(&peer)
+                            }) {
+                                oracle::violate(
+                                    "p2p-open-failed",
+                                    &self.name,
+                                    format!("the session with {peer} on connection {conn} stays alive after its DEALER failed to open"),
                                 );
                             }
                             self.open_failed.insert(peer);
