@@ -203,6 +203,22 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_tensor_needs_a_returned_write_of_its_item() {
+        let mut l = LandedLedger::default();
+        let frame = br#"{"op": "reserve", "transfer_id": "e", "mm_hash": "h0", "nbytes": 0, "shape": [0, 128], "dtype": "float16"}"#;
+        let reply = br#"{"ok": true, "result": {"reservation_id": "re", "dst_session": "s", "dst_ptr": 0, "nbytes": 0, "write": true, "ready": false, "cached": false}}"#;
+        l.note_handled("s", frame, reply);
+        let ready = br#"{"transfer_id": "e", "mm_hash": "h0", "ready": true, "reservation_id": "re", "nbytes": 0, "shape": [0, 128], "dtype": "float16", "shard": 19000}"#;
+        assert!(l.check_published("s", ready).unwrap_err().contains("empty tensor"), "no write returned yet");
+        l.note_landed("s", 0, 0, "other");
+        assert!(l.check_published("s", ready).is_err(), "another item's write does not count");
+        l.note_landed("s2", 0, 0, "h0");
+        assert!(l.check_published("s", ready).is_err(), "nor one in another slab");
+        l.note_landed("s", 0, 0, "h0");
+        assert_eq!(l.check_published("s", ready), Ok(()));
+    }
+
+    #[test]
     fn batch_grants_and_refusals() {
         let mut l = LandedLedger::default();
         let frame = br#"{"op": "reserve_batch", "items": [{"transfer_id": "a"}, {"transfer_id": "b"}]}"#;

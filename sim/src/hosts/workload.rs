@@ -237,6 +237,27 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
+    fn every_kth_hash_is_an_empty_tensor_and_nothing_else_changes() {
+        let plain = WorkloadConfig::default();
+        let cfg = WorkloadConfig { empty_every: Some(3), ..plain.clone() };
+        let a = draw(&plain, 2, 2, &mut ChaCha8Rng::seed_from_u64(5));
+        let b = draw(&cfg, 2, 2, &mut ChaCha8Rng::seed_from_u64(5));
+        assert_eq!(a.len(), b.len());
+        let (mut empty, mut sized) = (0, 0);
+        for (x, y) in a.iter().zip(&b).flat_map(|(x, y)| x.items.iter().zip(&y.items)) {
+            assert_eq!((&x.transfer_id, &x.mm_hash), (&y.transfer_id, &y.mm_hash));
+            if y.nbytes == 0 {
+                assert_eq!(y.shape, vec![0, 128]);
+                empty += 1;
+            } else {
+                assert_eq!(x, y);
+                sized += 1;
+            }
+        }
+        assert!(empty > 0 && sized > 0, "{empty} empty, {sized} sized");
+    }
+
+    #[test]
     fn workload_is_seeded_and_shares_hashes() {
         let cfg = WorkloadConfig::default();
         let a = draw(&cfg, 2, 2, &mut ChaCha8Rng::seed_from_u64(1));
