@@ -618,13 +618,14 @@ impl Peer {
             self.settle().await;
         }
         // And one names a peer this host holds a live session with: refused, and that
-        // session goes on (`p2p-duplicate-connect`); S1's manager without an error
-        // boundary escapes instead.
-        if let Some(peer) = self.manager.session_peers().into_iter().find(|p| self.manager.is_alive(p)) {
+        // session goes on (`p2p-duplicate-connect`). Not asked of S1/S4's manager without
+        // an error boundary, which escapes on it by design before the flood is felt.
+        let live = self.manager.session_peers().into_iter().find(|p| self.manager.is_alive(p));
+        if let Some(peer) = live.filter(|_| !self.settings.manager.errors_escape) {
             let session = self.manager.session_id(&peer);
             self.manager.connect_once(&peer, now);
             let kept = self.manager.session_id(&peer) == session && self.manager.is_alive(&peer);
-            if !self.settings.manager.errors_escape && (self.manager.fatal().is_some() || !kept) {
+            if self.manager.fatal().is_some() || !kept {
                 oracle::violate(
                     "p2p-duplicate-connect",
                     &self.name,
