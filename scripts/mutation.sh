@@ -5,7 +5,7 @@
 # the suite fails on it; the unit tests never run. A suite that outlives its timeout is
 # listed apart (a hang is not an oracle's verdict).
 #
-#   scripts/mutation.sh [--seeds N] [--shard K/N] [--out DIR] [--iterate]
+#   scripts/mutation.sh [--seeds N] [--shard K/N] [--out DIR] [--iterate | --resume]
 #
 #   --seeds  seeds of the suite per mutant (default 100)
 #   --shard  only the mutants i with i % N == K (default: all of them). The shards of one N
@@ -17,6 +17,11 @@
 #            unviable are skipped, the rest (survivors, timeouts, untested) run again, and
 #            the table merges every run's outcomes (DIR/outcomes-*.json, oldest first). The
 #            oracles only grow stronger, so a kill stays a kill.
+#   --resume finish a run in DIR that stopped part-way (a session's end, a lost machine):
+#            only the mutants no run there judged are tried (survivors keep their verdict,
+#            a timeout is tried again).
+#            Refused when core's sources differ from the run's (DIR/core.sha256): the
+#            mutants' names carry line numbers, and a survivor is judged against one core.
 #
 # Mutants are built in place in a copy of the checkout, target/mutation-tree, which keeps
 # its build between mutants and between runs: a mutant costs an incremental rebuild of
@@ -34,12 +39,14 @@ seeds=100
 shard=""
 out="target/mutation"
 iterate=0
+resume=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seeds) seeds="$2"; shift 2 ;;
         --shard) shard="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --iterate) iterate=1; shift ;;
+        --resume) iterate=1; resume=1; shift ;;
         *) echo "scripts/mutation.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
 done
@@ -61,6 +68,13 @@ files=(
 # Each mutant is rebuilt before its suite, so the timeout is for the suite alone.
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+# The core the mutants are made from: a resumed run must mutate the same one.
+core_sha="$(git ls-files -z core | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
+if [[ "$resume" == 1 && -f "$out/core.sha256" && "$(cat "$out/core.sha256")" != "$core_sha" ]]; then
+    echo "scripts/mutation.sh: core changed since the run in $out; --resume would mix two cores (use --iterate)" >&2
+    exit 2
+fi
+echo "$core_sha" >"$out/core.sha256"
 base=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
       --in-place --output "$out" --baseline skip)
 for f in "${files[@]}"; do base+=(-f "$f"); done
@@ -75,7 +89,9 @@ if [[ "$iterate" == 1 ]]; then
     # one: cargo-mutants' own --iterate would shard the shorter list, a different sample.
     shopt -s nullglob
     cargo mutants "${args[@]}" --list >"$out/listed.txt"
-    only="$(python3 scripts/mutation_table.py --pending "$out/listed.txt" "$out"/outcomes-*.json)"
+    skip=()
+    [[ "$resume" == 1 ]] && skip=(--skip-survivors)
+    only="$(python3 scripts/mutation_table.py --pending "$out/listed.txt" "${skip[@]}" "$out"/outcomes-*.json)"
     shopt -u nullglob
     if [[ -z "$only" ]]; then
         echo "== every mutant of this run in $out is judged already"

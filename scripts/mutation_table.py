@@ -7,7 +7,7 @@ Several outcomes.json files (the shards of one run) merge into one table; a muta
 in more than one file counts once, with its outcome in the last file named.
 
     mutation_table.py [--min-kill-rate PCT] [--equivalent LIST] OUTCOMES_JSON...
-    mutation_table.py --pending LISTED OUTCOMES_JSON...
+    mutation_table.py --pending LISTED [--skip-survivors] OUTCOMES_JSON...
 
 `--equivalent` names a file of mutants judged equivalent (one name per line, `#` starts a
 comment: the reason): survivors named there are listed apart and left out of the rate the
@@ -15,7 +15,9 @@ gate applies, killed among the viable that are not equivalent.
 
 `--pending` prints, as one anchored regular expression for cargo-mutants' `--re`, the
 mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or unviable
-(empty when none is left): what a resumed run still has to judge.
+(empty when none is left): what a resumed run still has to judge. With `--skip-survivors`
+survivors count as judged too (a timeout does not: it may be the machine's load): what a
+run interrupted on an unchanged core still has to try.
 
 Exit status: 0, 1 when the kill rate is below --min-kill-rate, 2 for an unreadable file."""
 
@@ -91,15 +93,17 @@ def merge(reports: list[dict]) -> Table:
     return table
 
 
-def pending_regex(listed: list[str], reports: list[dict]) -> str:
-    """The listed mutants no report marks killed or unviable, as one anchored regex."""
+def pending_regex(listed: list[str], reports: list[dict], skip_survivors: bool = False) -> str:
+    """The listed mutants no report marks killed or unviable (with `skip_survivors`: nor
+    survived), as one anchored regex."""
+    judged = ("CaughtMutant", "Unviable", "MissedMutant") if skip_survivors else ("CaughtMutant", "Unviable")
     done = {
         outcome["scenario"]["Mutant"].get("name")
         for report in reports
         for outcome in report.get("outcomes", [])
         if isinstance(outcome.get("scenario"), dict)
         and "Mutant" in outcome["scenario"]
-        and outcome.get("summary") in ("CaughtMutant", "Unviable")
+        and outcome.get("summary") in judged
     }
     pending = [name for name in listed if name not in done]
     return f"^({'|'.join(re.escape(name) for name in pending)})$" if pending else ""
@@ -139,6 +143,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mutation_table.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--min-kill-rate", type=float, default=None, metavar="PCT")
     parser.add_argument("--pending", default=None, metavar="LISTED")
+    parser.add_argument("--skip-survivors", action="store_true")
     parser.add_argument("--equivalent", default=None, metavar="LIST")
     parser.add_argument("outcomes", nargs="*", metavar="OUTCOMES_JSON")
     args = parser.parse_args(argv)
@@ -159,7 +164,7 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"mutation_table.py: cannot read {args.pending}: {e}", file=sys.stderr)
             return 2
-        print(pending_regex(listed, reports))
+        print(pending_regex(listed, reports, args.skip_survivors))
         return 0
     table = merge(reports)
     if args.equivalent is not None:

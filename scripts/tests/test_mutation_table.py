@@ -90,6 +90,23 @@ def test_pending_names_what_no_run_killed_or_found_unviable(tmp_path: Path, caps
     assert capsys.readouterr().out.strip() == regex
 
 
+def test_a_resumed_run_skips_survivors_but_tries_timeouts_again(tmp_path: Path, capsys) -> None:
+    listed = [f"a.rs:{line}:5: replace f -> bool with true" for line in (1, 2, 3, 4, 5)]
+    earlier = report(
+        outcome("a.rs", 1, "CaughtMutant"),
+        outcome("a.rs", 2, "MissedMutant"),
+        outcome("a.rs", 3, "Unviable"),
+        outcome("a.rs", 4, "Timeout"),
+    )
+    pattern = re.compile(mutation_table.pending_regex(listed, [earlier], skip_survivors=True))
+    assert [name for name in listed if pattern.search(name)] == [listed[3], listed[4]]
+    path = tmp_path / "listed.txt"
+    path.write_text("\n".join(listed) + "\n")
+    done = write(tmp_path, "o.json", earlier)
+    assert mutation_table.main(["--pending", str(path), "--skip-survivors", done]) == 0
+    assert capsys.readouterr().out.strip() == pattern.pattern
+
+
 def test_equivalent_survivors_are_listed_apart_and_left_out_of_the_gate(tmp_path: Path, capsys) -> None:
     path = run_of(tmp_path, "CaughtMutant", "CaughtMutant", "MissedMutant", "MissedMutant")
     listed = tmp_path / "equivalent.txt"
