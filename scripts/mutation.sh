@@ -5,7 +5,15 @@
 # the suite fails on it; the unit tests never run. A suite that outlives its timeout is
 # listed apart (a hang is not an oracle's verdict).
 #
-#   scripts/mutation.sh [--seeds N] [--shard K/N] [--out DIR] [--iterate | --resume]
+# A mutant no seed reaches is not run: the unmutated suite runs once with line coverage
+# (DIR/suite.lcov), and a mutant whose lines hold code none of which ran is only checked
+# to compile, then counted as an unreached survivor (scripts/mutation_reach.py). Such a
+# mutant costs a full suite when run and can only survive; the list of them is where the
+# main job's workload never goes. The oracles' own code in core (the book's and the
+# slab's invariant checks and what only they call) is not mutated: a weaker checker
+# passes correct code too, a stricter one fails it at once.
+#
+#   scripts/mutation.sh [--seeds N] [--shard K/N] [--out DIR] [--iterate | --resume] [--no-reach]
 #
 #   --seeds  seeds of the suite per mutant (default 100)
 #   --shard  only the mutants i with i % N == K (default: all of them). The shards of one N
@@ -22,14 +30,17 @@
 #            a timeout is tried again).
 #            Refused when core's sources differ from the run's (DIR/core.sha256): the
 #            mutants' names carry line numbers, and a survivor is judged against one core.
+#   --no-reach  run every mutant, reached or not (no coverage pass)
 #
 # Mutants are built in place in a copy of the checkout, target/mutation-tree, which keeps
 # its build between mutants and between runs: a mutant costs an incremental rebuild of
 # core and the simulator (a few seconds, profile `mutants` in Cargo.toml) instead of a
 # fresh build. One job at a time per checkout (a lock on the copy says so).
 #
-# Needs cargo-mutants (`cargo install cargo-mutants --locked`). Prints the table per file
-# (mutants, viable, killed, survivors) and every survivor; docs/simulator.md has the figures.
+# Needs cargo-mutants (`cargo install cargo-mutants --locked`) and, for the coverage pass,
+# the toolchain's llvm-tools (`rustup component add llvm-tools`). Prints the table per file
+# (mutants, viable, killed, survivors, unreached) and every survivor; docs/simulator.md has
+# the figures.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +51,7 @@ shard=""
 out="target/mutation"
 iterate=0
 resume=0
+reach=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seeds) seeds="$2"; shift 2 ;;
@@ -47,6 +59,7 @@ while [[ $# -gt 0 ]]; do
         --out) out="$2"; shift 2 ;;
         --iterate) iterate=1; shift ;;
         --resume) iterate=1; resume=1; shift ;;
+        --no-reach) reach=0; shift ;;
         *) echo "scripts/mutation.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
 done
@@ -55,6 +68,11 @@ cargo mutants --version >/dev/null 2>&1 || {
     echo "scripts/mutation.sh: cargo-mutants is not installed (cargo install cargo-mutants --locked)" >&2
     exit 2
 }
+llvm="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin"
+if [[ "$reach" == 1 && ! -x "$llvm/llvm-cov" ]]; then
+    echo "scripts/mutation.sh: the coverage pass needs llvm-tools (rustup component add llvm-tools), or run with --no-reach" >&2
+    exit 2
+fi
 
 # The core's decision modules.
 files=(
@@ -62,6 +80,12 @@ files=(
     core/src/ec/producer.rs core/src/ec/request_slot.rs core/src/ec/inbox.rs core/src/ec/readiness.rs
     core/src/ec/scheduler.rs 'core/src/ec/scheduler/*.rs'
     core/src/p2p/registry.rs core/src/p2p/session.rs 'core/src/p2p/manager/*.rs' 'core/src/p2p/manager/**/*.rs'
+)
+# The oracles' own code: the book's and the slab's invariant checks, and the views of
+# memory only the oracles read.
+not_decisions=(
+    'ReservationBook<R>::(check_invariants|allocations|writer_owned_regions)( |$)'
+    'Slab::(check|allocated_spans)( |$)'
 )
 # cargo-mutants' own baseline would run the mutated package's tests, not the suite; the
 # unmutated suite is run here first instead, and the mutants' timeout is set from it.
@@ -75,9 +99,11 @@ if [[ "$resume" == 1 && -f "$out/core.sha256" && "$(cat "$out/core.sha256")" != 
     exit 2
 fi
 echo "$core_sha" >"$out/core.sha256"
-base=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
-      --in-place --output "$out" --baseline skip)
-for f in "${files[@]}"; do base+=(-f "$f"); done
+common=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
+        --in-place --baseline skip)
+for f in "${files[@]}"; do common+=(-f "$f"); done
+for re in "${not_decisions[@]}"; do common+=(--exclude-re "$re"); done
+base=("${common[@]}" --output "$out")
 args=("${base[@]}")
 [[ -n "$shard" ]] && args+=(--shard "$shard" --sharding round-robin)
 if [[ "$iterate" == 1 ]]; then
@@ -119,6 +145,47 @@ cargo test --profile mutants -p ctlplane-sim --test suite -- "$test_name" --exac
 took=$(( $(date +%s) - started ))
 timeout=$(( took * 5 > 60 ? took * 5 : 60 ))
 args+=(--timeout "$timeout")
+
+if [[ "$reach" == 1 ]]; then
+    echo "== line coverage of the unmutated suite ($seeds seeds): a mutant no seed reaches is only checked"
+    cov="$tree/target/coverage"
+    exe="$(RUSTFLAGS="-C instrument-coverage" CARGO_TARGET_DIR="$cov" \
+        cargo test --profile mutants -p ctlplane-sim --test suite --no-run --message-format=json |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "suite" and m.get("executable"):
+        print(m["executable"])')"
+    rm -rf "$cov/profraw"
+    (cd sim && LLVM_PROFILE_FILE="$cov/profraw/%p-%m.profraw" "$exe" "$test_name" --exact)
+    "$llvm/llvm-profdata" merge -sparse "$cov"/profraw/*.profraw -o "$cov/suite.profdata"
+    "$llvm/llvm-cov" export --format=lcov --instr-profile "$cov/suite.profdata" "$exe" >"$out/suite.lcov"
+    cargo mutants "${args[@]}" --list --json >"$out/listed.json"
+    unreached="$(python3 "$root/scripts/mutation_reach.py" unreached "$out/suite.lcov" "$out/listed.json")"
+    if [[ -n "$unreached" ]]; then
+        echo "== cargo check of the mutants no seed reaches (a viable one is an unreached survivor)"
+        set +e
+        cargo mutants "${common[@]}" --check --re "$unreached" --output "$out/reach"
+        status=$?
+        set -e
+        # 0: all checked; the other statuses name mutants that did not (unviable).
+        case "$status" in
+            0 | 2 | 3) ;;
+            *) echo "scripts/mutation.sh: cargo mutants --check failed with status $status" >&2; exit "$status" ;;
+        esac
+        n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
+        python3 "$root/scripts/mutation_reach.py" outcomes "$out/reach/mutants.out/outcomes.json" \
+            "$out/outcomes-$(printf %03d "$n")-reach.json"
+        args+=(--exclude-re "$unreached")
+    fi
+fi
+if [[ -z "$(cargo mutants "${args[@]}" --list)" ]]; then
+    echo "== no mutant left to run: every one is judged or unreached"
+    cd "$root"
+    shopt -s nullglob
+    python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "$out"/outcomes-*.json | tee "$out/table.md"
+    exit 0
+fi
 echo "== cargo mutants over ${#files[@]} decision modules, the seeded suite of $seeds seeds as the only test (timeout ${timeout} s)"
 # Exit status 2 (survivors) and 3 (timeouts) are results, not failures of the job.
 set +e

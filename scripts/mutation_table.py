@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The per-file table of a mutation run (scripts/mutation.sh) from cargo-mutants'
 outcomes.json: mutants, viable (it built), killed (the seeded suite failed), timed out,
-survivors, kill rate among the viable; then every survivor by name.
+survivors, unreached (viable, and no seed runs its lines: scripts/mutation_reach.py), kill
+rate among the viable; then every survivor by name, the unreached apart.
 
 Several outcomes.json files (the shards of one run) merge into one table; a mutant found
 in more than one file counts once, with its outcome in the last file named.
@@ -16,8 +17,8 @@ gate applies, killed among the viable that are not equivalent.
 `--pending` prints, as one anchored regular expression for cargo-mutants' `--re`, the
 mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or unviable
 (empty when none is left): what a resumed run still has to judge. With `--skip-survivors`
-survivors count as judged too (a timeout does not: it may be the machine's load): what a
-run interrupted on an unchanged core still has to try.
+survivors and unreached mutants count as judged too (a timeout does not: it may be the
+machine's load): what a run interrupted on an unchanged core still has to try.
 
 Exit status: 0, 1 when the kill rate is below --min-kill-rate, 2 for an unreadable file."""
 
@@ -38,6 +39,7 @@ class Table:
     rows: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     survivors: list[str] = field(default_factory=list)
     timeouts: list[str] = field(default_factory=list)
+    unreached: list[str] = field(default_factory=list)
     equivalent: list[str] = field(default_factory=list)
 
     def total(self) -> dict[str, int]:
@@ -59,9 +61,10 @@ class Table:
         return 100 * total["killed"] / seen if seen > 0 else None
 
     def set_aside(self, equivalent: set[str]) -> None:
-        """Moves the survivors named in `equivalent` out of the survivor list."""
-        self.equivalent = sorted(name for name in self.survivors if name in equivalent)
+        """Moves the survivors (reached or not) named in `equivalent` out of their lists."""
+        self.equivalent = sorted(name for name in self.survivors + self.unreached if name in equivalent)
         self.survivors = [name for name in self.survivors if name not in equivalent]
+        self.unreached = [name for name in self.unreached if name not in equivalent]
 
 
 def merge(reports: list[dict]) -> Table:
@@ -87,6 +90,9 @@ def merge(reports: list[dict]) -> Table:
         elif summary == "Timeout":
             row["timeout"] += 1
             table.timeouts.append(name)
+        elif summary == "Unreached":
+            row["unreached"] += 1
+            table.unreached.append(name)
         else:
             row["survived"] += 1
             table.survivors.append(name)
@@ -96,7 +102,7 @@ def merge(reports: list[dict]) -> Table:
 def pending_regex(listed: list[str], reports: list[dict], skip_survivors: bool = False) -> str:
     """The listed mutants no report marks killed or unviable (with `skip_survivors`: nor
     survived), as one anchored regex."""
-    judged = ("CaughtMutant", "Unviable", "MissedMutant") if skip_survivors else ("CaughtMutant", "Unviable")
+    judged = ("CaughtMutant", "Unviable", "MissedMutant", "Unreached") if skip_survivors else ("CaughtMutant", "Unviable")
     done = {
         outcome["scenario"]["Mutant"].get("name")
         for report in reports
@@ -105,14 +111,19 @@ def pending_regex(listed: list[str], reports: list[dict], skip_survivors: bool =
         and "Mutant" in outcome["scenario"]
         and outcome.get("summary") in judged
     }
-    pending = [name for name in listed if name not in done]
-    return f"^({'|'.join(re.escape(name) for name in pending)})$" if pending else ""
+    return names_regex([name for name in listed if name not in done])
+
+
+def names_regex(names: list[str]) -> str:
+    """One anchored regular expression (cargo-mutants' `--re`) matching exactly these
+    mutant names; empty for none."""
+    return f"^({'|'.join(re.escape(name) for name in names)})$" if names else ""
 
 
 def render(table: Table) -> str:
     lines = [
-        "| file | mutants | viable | killed | timed out | survived | killed / viable |",
-        "|---|---|---|---|---|---|---|",
+        "| file | mutants | viable | killed | timed out | survived | unreached | killed / viable |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += [line(file, table.rows[file]) for file in sorted(table.rows)]
     lines.append(line("**all**", table.total()))
@@ -124,6 +135,7 @@ def render(table: Table) -> str:
     for title, names in (
         ("Survivors", table.survivors),
         ("Timed out", table.timeouts),
+        ("Not reached by any seed", table.unreached),
         ("Equivalent survivors", table.equivalent),
     ):
         if names:
@@ -136,7 +148,7 @@ def line(file: str, row: dict[str, int]) -> str:
     viable = row["viable"]
     rate = f"{100 * row['killed'] / viable:.0f}%" if viable else "-"
     return (f"| {file} | {row['mutants']} | {viable} | {row['killed']} | {row['timeout']} | "
-            f"{row['survived']} | {rate} |")
+            f"{row['survived']} | {row['unreached']} | {rate} |")
 
 
 def main(argv: list[str]) -> int:

@@ -54,7 +54,7 @@ def test_shards_merge_and_a_mutant_seen_twice_counts_once_with_its_last_outcome(
     assert table.total()["mutants"] == 3
     assert table.total()["killed"] == 3
     assert table.survivors == []
-    assert "| **all** | 3 | 3 | 3 | 0 | 0 | 100% |" in mutation_table.render(table)
+    assert "| **all** | 3 | 3 | 3 | 0 | 0 | 0 | 100% |" in mutation_table.render(table)
 
 
 def test_the_gate_fails_below_the_rate_and_passes_at_it(tmp_path: Path, capsys) -> None:
@@ -95,11 +95,13 @@ def test_a_resumed_run_skips_survivors_but_tries_timeouts_again(tmp_path: Path, 
     earlier = report(
         outcome("a.rs", 1, "CaughtMutant"),
         outcome("a.rs", 2, "MissedMutant"),
-        outcome("a.rs", 3, "Unviable"),
+        outcome("a.rs", 3, "Unreached"),
         outcome("a.rs", 4, "Timeout"),
     )
     pattern = re.compile(mutation_table.pending_regex(listed, [earlier], skip_survivors=True))
     assert [name for name in listed if pattern.search(name)] == [listed[3], listed[4]]
+    again = re.compile(mutation_table.pending_regex(listed, [earlier]))
+    assert [name for name in listed if again.search(name)] == listed[1:]
     path = tmp_path / "listed.txt"
     path.write_text("\n".join(listed) + "\n")
     done = write(tmp_path, "o.json", earlier)
@@ -120,3 +122,15 @@ def test_equivalent_survivors_are_listed_apart_and_left_out_of_the_gate(tmp_path
     assert "Equivalent survivors (1):\n- a.rs:4:5" in out
     assert mutation_table.main(["--min-kill-rate", "70", "--equivalent", str(listed), path]) == 1
     assert mutation_table.main(["--equivalent", str(tmp_path / "missing.txt"), path]) == 2
+
+
+def test_unreached_mutants_are_viable_survivors_listed_apart_and_can_be_equivalent(tmp_path: Path, capsys) -> None:
+    path = run_of(tmp_path, "CaughtMutant", "Unreached", "Unreached", "MissedMutant")
+    equivalent = tmp_path / "eq.txt"
+    equivalent.write_text("a.rs:3:5: replace f -> bool with true  # no driver calls it\n")
+    assert mutation_table.main(["--equivalent", str(equivalent), "--min-kill-rate", "34", path]) == 1
+    out = capsys.readouterr().out
+    assert "| a.rs | 4 | 4 | 1 | 0 | 1 | 2 | 25% |" in out
+    assert "Not reached by any seed (1):\n- a.rs:2:5: replace f -> bool with true" in out
+    assert "Equivalent survivors (1):\n- a.rs:3:5: replace f -> bool with true" in out
+    assert "Killed among the 3 viable mutants not judged equivalent: 33%" in out

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Which mutants the seeded suite never reaches, from the line coverage of the unmutated
+suite (scripts/mutation.sh runs it): a mutant whose source lines hold code and none of
+them ran in any seed cannot change what a run observes, so it survives without being
+tried. Running such a mutant costs a full suite of seeds and says nothing a coverage
+report does not; listing it says where the main job's workload never goes.
+
+    mutation_reach.py unreached LCOV MUTANTS_JSON
+        the mutants in MUTANTS_JSON (`cargo mutants --list --json`) whose span covers at
+        least one instrumented line of LCOV (`llvm-cov export --format=lcov`) and no line
+        that ran, as one anchored regular expression for cargo-mutants' `--re` and
+        `--exclude-re` (empty when every mutant is reached)
+    mutation_reach.py outcomes CHECKED_JSON OUT_JSON
+        the outcomes.json of `cargo mutants --check` over those mutants, rewritten for
+        mutation_table.py: a mutant that checks is `Unreached` (viable, not killed), one
+        that does not stays `Unviable`
+
+A line with no code region (a comment, a declaration, a constant) is not instrumented and
+decides nothing here: a mutant with only such lines is tried as usual.
+
+Exit status: 0, 2 for an unreadable or malformed file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mutation_table import names_regex  # noqa: E402
+
+
+def line_counts(lcov_text: str) -> dict[str, dict[int, int]]:
+    """Execution count per instrumented line, per source file (paths from `core/` on)."""
+    counts: dict[str, dict[int, int]] = defaultdict(dict)
+    current: str | None = None
+    for raw in lcov_text.splitlines():
+        line = raw.strip()
+        if line.startswith("SF:"):
+            path = line[3:]
+            at = path.rfind("core/src/")
+            current = path[at:] if at >= 0 else None
+        elif line.startswith("DA:") and current is not None:
+            number, count = line[3:].split(",")[:2]
+            lines = counts[current]
+            lines[int(number)] = max(lines.get(int(number), 0), int(count))
+        elif line == "end_of_record":
+            current = None
+    return counts
+
+
+def unreached(counts: dict[str, dict[int, int]], mutants: list[dict]) -> list[str]:
+    """The mutants whose span has instrumented lines, none of which ran."""
+    names = []
+    for mutant in mutants:
+        lines = counts.get(mutant["file"], {})
+        span = mutant["span"]
+        seen = [lines[n] for n in range(span["start"]["line"], span["end"]["line"] + 1) if n in lines]
+        if seen and max(seen) == 0:
+            names.append(mutant["name"])
+    return names
+
+
+def as_unreached(checked: dict) -> dict:
+    """`cargo mutants --check` outcomes with each mutant that checked marked `Unreached`."""
+    outcomes = []
+    for outcome in checked.get("outcomes", []):
+        scenario = outcome.get("scenario")
+        if not isinstance(scenario, dict) or "Mutant" not in scenario:
+            continue  # the baseline
+        summary = "Unviable" if outcome.get("summary") == "Unviable" else "Unreached"
+        outcomes.append({"scenario": scenario, "summary": summary})
+    return {"outcomes": outcomes}
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if len(argv) == 3 and argv[0] == "unreached":
+            counts = line_counts(read(argv[1]))
+            print(names_regex(unreached(counts, json.loads(read(argv[2])))))
+            return 0
+        if len(argv) == 3 and argv[0] == "outcomes":
+            result = as_unreached(json.loads(read(argv[1])))
+            with open(argv[2], "w", encoding="utf-8") as f:
+                json.dump(result, f)
+            return 0
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"mutation_reach.py: {e}", file=sys.stderr)
+        return 2
+    print(f"mutation_reach.py: unknown arguments {argv}\n\n{__doc__}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

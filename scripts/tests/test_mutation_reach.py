@@ -1,0 +1,86 @@
+"""Which mutants the seeded suite never reaches (scripts/mutation_reach.py): line counts
+from an lcov export, the spans of cargo-mutants' listing, and the check run's outcomes
+rewritten for the table."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mutation_reach  # noqa: E402
+import mutation_table  # noqa: E402
+
+LCOV = """SF:/build/tree/core/src/ec/a.rs
+DA:10,0
+DA:11,0
+DA:12,5
+DA:20,0
+end_of_record
+SF:/build/tree/core/src/ec/a.rs
+DA:11,3
+end_of_record
+SF:/home/.cargo/registry/src/serde/lib.rs
+DA:1,0
+end_of_record
+"""
+
+
+def mutant(name: str, file: str, start: int, end: int) -> dict:
+    return {"name": name, "file": file, "span": {"start": {"line": start, "column": 1}, "end": {"line": end, "column": 9}}}
+
+
+def test_counts_are_per_line_of_core_files_the_highest_of_every_record() -> None:
+    counts = mutation_reach.line_counts(LCOV)
+    assert counts == {"core/src/ec/a.rs": {10: 0, 11: 3, 12: 5, 20: 0}}
+
+
+def test_a_mutant_is_unreached_only_when_its_lines_hold_code_and_none_ran() -> None:
+    counts = mutation_reach.line_counts(LCOV)
+    mutants = [
+        mutant("never ran", "core/src/ec/a.rs", 20, 20),
+        mutant("one line ran", "core/src/ec/a.rs", 10, 12),
+        mutant("line 10 alone", "core/src/ec/a.rs", 10, 10),
+        mutant("no code on its lines", "core/src/ec/a.rs", 30, 31),
+        mutant("a file with no coverage", "core/src/ec/b.rs", 1, 5),
+    ]
+    assert mutation_reach.unreached(counts, mutants) == ["never ran", "line 10 alone"]
+
+
+def test_the_regex_names_exactly_the_unreached(tmp_path: Path, capsys) -> None:
+    (tmp_path / "s.lcov").write_text(LCOV)
+    names = ["a.rs:20:5: replace > with < in f", "a.rs:11:5: replace f -> bool with true"]
+    listed = [mutant(names[0], "core/src/ec/a.rs", 20, 20), mutant(names[1], "core/src/ec/a.rs", 11, 11)]
+    (tmp_path / "listed.json").write_text(json.dumps(listed))
+    assert mutation_reach.main(["unreached", str(tmp_path / "s.lcov"), str(tmp_path / "listed.json")]) == 0
+    pattern = re.compile(capsys.readouterr().out.strip())
+    assert [n for n in names if pattern.search(n)] == [names[0]]
+
+
+def test_checked_mutants_become_unreached_and_the_unviable_stay_so(tmp_path: Path) -> None:
+    checked = {"outcomes": [
+        {"scenario": "Baseline", "summary": "Success"},
+        {"scenario": {"Mutant": {"name": "m1", "file": "a.rs"}}, "summary": "Success"},
+        {"scenario": {"Mutant": {"name": "m2", "file": "a.rs"}}, "summary": "Unviable"},
+    ]}
+    (tmp_path / "checked.json").write_text(json.dumps(checked))
+    out = tmp_path / "reach.json"
+    assert mutation_reach.main(["outcomes", str(tmp_path / "checked.json"), str(out)]) == 0
+    table = mutation_table.merge([json.loads(out.read_text())])
+    assert dict(table.rows["a.rs"]) == {"mutants": 2, "viable": 1, "unreached": 1}
+    assert table.unreached == ["m1"]
+    assert table.survivors == []
+    assert table.kill_rate() == 0
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "bad.json").write_text("[{\"name\": \"m\"}]")
+    (tmp_path / "s.lcov").write_text(LCOV)
+    assert mutation_reach.main(["unreached", str(tmp_path / "s.lcov"), str(tmp_path / "bad.json")]) == 2
+    assert mutation_reach.main(["unreached", str(tmp_path / "missing.lcov"), str(tmp_path / "bad.json")]) == 2
+    assert mutation_reach.main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert "mutation_reach.py:" in err and "unknown arguments" in err
