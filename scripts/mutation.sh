@@ -149,7 +149,9 @@ args+=(--timeout "$timeout")
 if [[ "$reach" == 1 ]]; then
     echo "== line coverage of the unmutated suite ($seeds seeds): a mutant no seed reaches is only checked"
     cov="$tree/target/coverage"
-    exe="$(RUSTFLAGS="-C instrument-coverage" CARGO_TARGET_DIR="$cov" \
+    # The build's own instrumented programs (build scripts, proc macros) profile into
+    # a directory of their own, not the tree.
+    exe="$(RUSTFLAGS="-C instrument-coverage" CARGO_TARGET_DIR="$cov" LLVM_PROFILE_FILE="$cov/build-profraw/%p-%m.profraw" \
         cargo test --profile mutants -p ctlplane-sim --test suite --no-run --message-format=json |
         python3 -c 'import json, sys
 for line in sys.stdin:
