@@ -16,7 +16,8 @@ report does not; listing it says where the main job's workload never goes.
         that does not stays `Unviable`
 
 A line with no code region (a comment, a declaration, a constant) is not instrumented and
-decides nothing here: a mutant with only such lines is tried as usual.
+decides nothing here: a mutant with only such lines is tried as usual. Nor does a `const
+fn`: what the compiler evaluates leaves no count, so its mutants are always tried.
 
 Exit status: 0, 2 for an unreadable or malformed file."""
 
@@ -51,14 +52,36 @@ def line_counts(lcov_text: str) -> dict[str, dict[int, int]]:
     return counts
 
 
+def is_const_fn(mutant: dict, source: dict[str, list[str]]) -> bool:
+    """Whether the mutant's function is a `const fn` (or its source cannot be read, which
+    is treated the same way: tried, not judged)."""
+    function = mutant.get("function")
+    if not function:
+        return False
+    path = mutant["file"]
+    if path not in source:
+        try:
+            source[path] = read(path).splitlines()
+        except OSError:
+            source[path] = []
+    lines = source[path]
+    start = function["span"]["start"]["line"]
+    if start > len(lines):
+        return True
+    header = " ".join(lines[start - 1:start + 2])
+    return "const fn" in header.split("{", 1)[0]
+
+
 def unreached(counts: dict[str, dict[int, int]], mutants: list[dict]) -> list[str]:
-    """The mutants whose span has instrumented lines, none of which ran."""
+    """The mutants whose span has instrumented lines, none of which ran (paths of the
+    mutants' files relative to the working directory, for the `const fn` test)."""
     names = []
+    source: dict[str, list[str]] = {}
     for mutant in mutants:
         lines = counts.get(mutant["file"], {})
         span = mutant["span"]
         seen = [lines[n] for n in range(span["start"]["line"], span["end"]["line"] + 1) if n in lines]
-        if seen and max(seen) == 0:
+        if seen and max(seen) == 0 and not is_const_fn(mutant, source):
             names.append(mutant["name"])
     return names
 

@@ -50,6 +50,25 @@ def test_a_mutant_is_unreached_only_when_its_lines_hold_code_and_none_ran() -> N
     assert mutation_reach.unreached(counts, mutants) == ["never ran", "line 10 alone"]
 
 
+def test_a_const_fn_is_always_tried(tmp_path: Path, monkeypatch) -> None:
+    src = tmp_path / "core/src/ec"
+    src.mkdir(parents=True)
+    lines = [""] * 30
+    lines[17] = "    pub const fn limit() -> u64 {"
+    lines[19] = "    pub fn plain() -> u64 {"
+    (src / "a.rs").write_text("\n".join(lines))
+    monkeypatch.chdir(tmp_path)
+    counts = mutation_reach.line_counts(LCOV)
+    const = mutant("in a const fn", "core/src/ec/a.rs", 20, 20)
+    const["function"] = {"span": {"start": {"line": 18, "column": 5}, "end": {"line": 22, "column": 6}}}
+    plain = mutant("in a plain fn", "core/src/ec/a.rs", 20, 20)
+    plain["function"] = {"span": {"start": {"line": 20, "column": 5}, "end": {"line": 22, "column": 6}}}
+    unreadable = mutant("source missing", "core/src/ec/gone.rs", 20, 20)
+    unreadable["function"] = plain["function"]
+    counts["core/src/ec/gone.rs"] = {20: 0}
+    assert mutation_reach.unreached(counts, [const, plain, unreadable]) == ["in a plain fn"]
+
+
 def test_the_regex_names_exactly_the_unreached(tmp_path: Path, capsys) -> None:
     (tmp_path / "s.lcov").write_text(LCOV)
     names = ["a.rs:20:5: replace > with < in f", "a.rs:11:5: replace f -> bool with true"]
