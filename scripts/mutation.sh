@@ -163,7 +163,7 @@ for line in sys.stdin:
     "$llvm/llvm-profdata" merge -sparse "$cov"/profraw/*.profraw -o "$cov/suite.profdata"
     "$llvm/llvm-cov" export --format=lcov --instr-profile "$cov/suite.profdata" "$exe" >"$out/suite.lcov"
     cargo mutants "${args[@]}" --list --json >"$out/listed.json"
-    unreached="$(python3 "$root/scripts/mutation_reach.py" unreached "$out/suite.lcov" "$out/listed.json")"
+    unreached="$(python3 "$root/scripts/mutation_reach.py" unreached "$out/suite.lcov" "$out/listed.json" "$out/unreached.txt")"
     if [[ -n "$unreached" ]]; then
         echo "== cargo check of the mutants no seed reaches (a viable one is an unreached survivor)"
         set +e
@@ -177,7 +177,7 @@ for line in sys.stdin:
         esac
         n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
         python3 "$root/scripts/mutation_reach.py" outcomes "$out/reach/mutants.out/outcomes.json" \
-            "$out/outcomes-$(printf %03d "$n")-reach.json"
+            "$out/outcomes-$(printf %03d "$n")-reach.json" "$out/unreached.txt"
         args+=(--exclude-re "$unreached")
     fi
 fi

@@ -5,15 +5,19 @@ them ran in any seed cannot change what a run observes, so it survives without b
 tried. Running such a mutant costs a full suite of seeds and says nothing a coverage
 report does not; listing it says where the main job's workload never goes.
 
-    mutation_reach.py unreached LCOV MUTANTS_JSON
+    mutation_reach.py unreached LCOV MUTANTS_JSON [NAMES_OUT]
         the mutants in MUTANTS_JSON (`cargo mutants --list --json`) whose span covers at
         least one instrumented line of LCOV (`llvm-cov export --format=lcov`) and no line
         that ran, as one anchored regular expression for cargo-mutants' `--re` and
-        `--exclude-re` (empty when every mutant is reached)
-    mutation_reach.py outcomes CHECKED_JSON OUT_JSON
+        `--exclude-re` (empty when every mutant is reached); their names also go to
+        NAMES_OUT, one per line
+    mutation_reach.py outcomes CHECKED_JSON OUT_JSON [NAMES]
         the outcomes.json of `cargo mutants --check` over those mutants, rewritten for
         mutation_table.py: a mutant that checks is `Unreached` (viable, not killed), one
-        that does not stays `Unviable`
+        that does not stays `Unviable`. With NAMES, only the mutants named there are
+        kept: cargo-mutants 27 applies neither `--re` nor `--exclude-re` to its
+        `delete field` mutants, so a check run selected by name holds those too, reached
+        or not.
 
 A line with no code region (a comment, a declaration, a constant) is not instrumented and
 decides nothing here: a mutant with only such lines is tried as usual. Nor does a `const
@@ -86,13 +90,16 @@ def unreached(counts: dict[str, dict[int, int]], mutants: list[dict]) -> list[st
     return names
 
 
-def as_unreached(checked: dict) -> dict:
-    """`cargo mutants --check` outcomes with each mutant that checked marked `Unreached`."""
+def as_unreached(checked: dict, names: set[str] | None = None) -> dict:
+    """`cargo mutants --check` outcomes with each mutant that checked marked `Unreached`;
+    with `names`, only the mutants named there."""
     outcomes = []
     for outcome in checked.get("outcomes", []):
         scenario = outcome.get("scenario")
         if not isinstance(scenario, dict) or "Mutant" not in scenario:
             continue  # the baseline
+        if names is not None and scenario["Mutant"].get("name") not in names:
+            continue
         summary = "Unviable" if outcome.get("summary") == "Unviable" else "Unreached"
         outcomes.append({"scenario": scenario, "summary": summary})
     return {"outcomes": outcomes}
@@ -105,12 +112,17 @@ def read(path: str) -> str:
 
 def main(argv: list[str]) -> int:
     try:
-        if len(argv) == 3 and argv[0] == "unreached":
+        if len(argv) in (3, 4) and argv[0] == "unreached":
             counts = line_counts(read(argv[1]))
-            print(names_regex(unreached(counts, json.loads(read(argv[2])))))
+            names = unreached(counts, json.loads(read(argv[2])))
+            if len(argv) == 4:
+                with open(argv[3], "w", encoding="utf-8") as f:
+                    f.write("".join(f"{name}\n" for name in names))
+            print(names_regex(names))
             return 0
-        if len(argv) == 3 and argv[0] == "outcomes":
-            result = as_unreached(json.loads(read(argv[1])))
+        if len(argv) in (3, 4) and argv[0] == "outcomes":
+            names = {line.strip() for line in read(argv[3]).splitlines()} - {""} if len(argv) == 4 else None
+            result = as_unreached(json.loads(read(argv[1])), names)
             with open(argv[2], "w", encoding="utf-8") as f:
                 json.dump(result, f)
             return 0

@@ -95,6 +95,33 @@ def test_checked_mutants_become_unreached_and_the_unviable_stay_so(tmp_path: Pat
     assert table.kill_rate() == 0
 
 
+def test_a_check_run_keeps_only_the_named_mutants(tmp_path: Path) -> None:
+    """cargo-mutants 27 selects its `delete field` mutants whatever `--re` says: a check
+    run by name may hold reached mutants, which must not be called unreached."""
+    checked = {"outcomes": [
+        {"scenario": {"Mutant": {"name": "m1", "file": "a.rs"}}, "summary": "Success"},
+        {"scenario": {"Mutant": {"name": "delete field x", "file": "a.rs"}}, "summary": "Success"},
+    ]}
+    (tmp_path / "checked.json").write_text(json.dumps(checked))
+    (tmp_path / "names.txt").write_text("m1\n")
+    out = tmp_path / "reach.json"
+    args = ["outcomes", str(tmp_path / "checked.json"), str(out), str(tmp_path / "names.txt")]
+    assert mutation_reach.main(args) == 0
+    table = mutation_table.merge([json.loads(out.read_text())])
+    assert table.unreached == ["m1"]
+    assert table.total()["mutants"] == 1
+
+
+def test_the_names_go_to_a_file_beside_the_regex(tmp_path: Path, capsys) -> None:
+    (tmp_path / "s.lcov").write_text(LCOV)
+    listed = [mutant("never ran", "core/src/ec/a.rs", 20, 20), mutant("ran", "core/src/ec/a.rs", 12, 12)]
+    (tmp_path / "listed.json").write_text(json.dumps(listed))
+    names = tmp_path / "names.txt"
+    assert mutation_reach.main(["unreached", str(tmp_path / "s.lcov"), str(tmp_path / "listed.json"), str(names)]) == 0
+    assert names.read_text() == "never ran\n"
+    assert capsys.readouterr().out.strip() == "^(never\\ ran)$"
+
+
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     (tmp_path / "bad.json").write_text("[{\"name\": \"m\"}]")
     (tmp_path / "s.lcov").write_text(LCOV)
