@@ -37,6 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutation_table import names_regex  # noqa: E402
 
 
+def source_paths(lcov_text: str) -> dict[str, str]:
+    """Where each core file was compiled from (paths from `core/` on, to the lcov's own)."""
+    paths = {}
+    for raw in lcov_text.splitlines():
+        if raw.startswith("SF:"):
+            at = raw.rfind("core/src/")
+            if at >= 0:
+                paths[raw[at:].strip()] = raw[3:].strip()
+    return paths
+
+
 def line_counts(lcov_text: str) -> dict[str, dict[int, int]]:
     """Execution count per instrumented line, per source file (paths from `core/` on)."""
     counts: dict[str, dict[int, int]] = defaultdict(dict)
@@ -56,7 +67,7 @@ def line_counts(lcov_text: str) -> dict[str, dict[int, int]]:
     return counts
 
 
-def is_const_fn(mutant: dict, source: dict[str, list[str]]) -> bool:
+def is_const_fn(mutant: dict, source: dict[str, list[str]], paths: dict[str, str]) -> bool:
     """Whether the mutant's function is a `const fn` (or its source cannot be read, which
     is treated the same way: tried, not judged)."""
     function = mutant.get("function")
@@ -65,7 +76,7 @@ def is_const_fn(mutant: dict, source: dict[str, list[str]]) -> bool:
     path = mutant["file"]
     if path not in source:
         try:
-            source[path] = read(path).splitlines()
+            source[path] = read(paths.get(path, path)).splitlines()
         except OSError:
             source[path] = []
     lines = source[path]
@@ -76,16 +87,17 @@ def is_const_fn(mutant: dict, source: dict[str, list[str]]) -> bool:
     return "const fn" in header.split("{", 1)[0]
 
 
-def unreached(counts: dict[str, dict[int, int]], mutants: list[dict]) -> list[str]:
-    """The mutants whose span has instrumented lines, none of which ran (paths of the
-    mutants' files relative to the working directory, for the `const fn` test)."""
+def unreached(counts: dict[str, dict[int, int]], mutants: list[dict], paths: dict[str, str] | None = None) -> list[str]:
+    """The mutants whose span has instrumented lines, none of which ran. `paths` says where
+    to read each file for the `const fn` test (default: relative to the working directory)."""
+    paths = paths or {}
     names = []
     source: dict[str, list[str]] = {}
     for mutant in mutants:
         lines = counts.get(mutant["file"], {})
         span = mutant["span"]
         seen = [lines[n] for n in range(span["start"]["line"], span["end"]["line"] + 1) if n in lines]
-        if seen and max(seen) == 0 and not is_const_fn(mutant, source):
+        if seen and max(seen) == 0 and not is_const_fn(mutant, source, paths):
             names.append(mutant["name"])
     return names
 
@@ -113,8 +125,8 @@ def read(path: str) -> str:
 def main(argv: list[str]) -> int:
     try:
         if len(argv) in (3, 4) and argv[0] == "unreached":
-            counts = line_counts(read(argv[1]))
-            names = unreached(counts, json.loads(read(argv[2])))
+            lcov = read(argv[1])
+            names = unreached(line_counts(lcov), json.loads(read(argv[2])), source_paths(lcov))
             if len(argv) == 4:
                 with open(argv[3], "w", encoding="utf-8") as f:
                     f.write("".join(f"{name}\n" for name in names))

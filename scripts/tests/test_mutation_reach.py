@@ -69,6 +69,20 @@ def test_a_const_fn_is_always_tried(tmp_path: Path, monkeypatch) -> None:
     assert mutation_reach.unreached(counts, [const, plain, unreadable]) == ["in a plain fn"]
 
 
+def test_sources_are_read_where_the_lcov_says_they_were_compiled(tmp_path: Path) -> None:
+    src = tmp_path / "tree/core/src/ec"
+    src.mkdir(parents=True)
+    (src / "a.rs").write_text("\n" * 17 + "    pub const fn limit() -> u64 {\n")
+    lcov = f"SF:{src / 'a.rs'}\nDA:20,0\nend_of_record\n"
+    const = mutant("in a const fn", "core/src/ec/a.rs", 20, 20)
+    const["function"] = {"span": {"start": {"line": 18, "column": 5}, "end": {"line": 22, "column": 6}}}
+    paths = mutation_reach.source_paths(lcov)
+    assert paths == {"core/src/ec/a.rs": str(src / "a.rs")}
+    assert mutation_reach.unreached(mutation_reach.line_counts(lcov), [const], paths) == []
+    (src / "a.rs").write_text("\n" * 17 + "    pub fn limit() -> u64 {\n")
+    assert mutation_reach.unreached(mutation_reach.line_counts(lcov), [const], paths) == ["in a const fn"]
+
+
 def test_the_regex_names_exactly_the_unreached(tmp_path: Path, capsys) -> None:
     (tmp_path / "s.lcov").write_text(LCOV)
     names = ["a.rs:20:5: replace > with < in f", "a.rs:11:5: replace f -> bool with true"]
