@@ -1,4 +1,5 @@
-//! `push-returns`: every push a producer began is reported done.
+//! `push-returns`: every push a producer began is reported done; `push-outcome`: what it
+//! reports for each item is what happened to it.
 //!
 //! A push waits only on things that end: its encoder (the source is bound when it
 //! finishes), control replies (each request meets its client timeout), device writes
@@ -10,11 +11,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ctlplane_core::ec::producer::BatchId;
+use ctlplane_core::ec::producer::{BatchId, ItemOutcome};
 use ctlplane_core::time::Instant;
 
 use crate::hosts::world;
-use crate::oracle::violate_at;
+use crate::oracle::{violate, violate_at};
 
 /// How long after its due point (source bound, or request given up) a push may stay
 /// open: a reserve and a complete meeting their client timeouts, queued behind the
@@ -55,5 +56,28 @@ pub fn check(end_ns: u64) {
     });
     for (host, detail) in late {
         violate_at(end_ns, "push-returns", &host, detail);
+    }
+}
+
+/// `push-outcome`, when `batch` is reported done: an item reported `Pushed` had a write of
+/// this push land, and one reported `Skipped` (the consumer cancelled first, another
+/// writer or a resident copy serves it, or its source was never bound) had none. The
+/// caller acts on these (a skipped item is not written again, a pushed one is announced),
+/// so an outcome that misstates the write misleads it. `landed[i]` counts item `i`'s
+/// landed writes, as the producer host carried them.
+pub fn check_outcomes(host: &str, batch: BatchId, outcomes: &[ItemOutcome], landed: &[usize]) {
+    for (index, (outcome, &writes)) in outcomes.iter().zip(landed).enumerate() {
+        let wrong = match outcome {
+            ItemOutcome::Pushed => writes == 0,
+            ItemOutcome::Skipped { .. } => writes > 0,
+            ItemOutcome::Failed { .. } => false,
+        };
+        if wrong {
+            violate(
+                "push-outcome",
+                host,
+                format!("{batch} item {index} reported {outcome:?} after {writes} landed write(s) of this push"),
+            );
+        }
     }
 }

@@ -212,8 +212,11 @@ pub async fn run(host: String) -> turmoil::Result {
             if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {
                 crate::release::note_push_done(req.items.iter().map(|i| i.transfer_id.as_str()));
             }
+            let landed: Vec<usize> =
+                (0..outcomes.len()).map(|index| written.remove(&ItemRef { batch, index }).unwrap_or(0)).collect();
+            crate::push_returns::check_outcomes(&host, batch, &outcomes, &landed);
             note_pushed(&workload, request, began.remove(&batch), &outcomes, |index| {
-                written.remove(&ItemRef { batch, index }).unwrap_or(0)
+                landed.get(index).copied().unwrap_or(0)
             });
             let (mut pushed, mut skipped, mut failed) = (0u64, 0u64, 0u64);
             for o in &outcomes {
