@@ -99,6 +99,15 @@ if [[ "$resume" == 1 && -f "$out/core.sha256" && "$(cat "$out/core.sha256")" != 
     exit 2
 fi
 echo "$core_sha" >"$out/core.sha256"
+# The table of every outcome in DIR, oldest first (a later outcome of a mutant wins).
+print_table() {
+    cd "$root"
+    shopt -s nullglob
+    local reports=("$out"/outcomes-*.json)
+    shopt -u nullglob
+    [[ -f "$out/mutants.out/outcomes.json" ]] && reports+=("$out/mutants.out/outcomes.json")
+    python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "${reports[@]}" | tee "$out/table.md"
+}
 common=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
         --in-place --baseline skip)
 for f in "${files[@]}"; do common+=(-f "$f"); done
@@ -121,7 +130,7 @@ if [[ "$iterate" == 1 ]]; then
     shopt -u nullglob
     if [[ -z "$only" ]]; then
         echo "== every mutant of this run in $out is judged already"
-        python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "$out"/outcomes-*.json | tee "$out/table.md"
+        print_table
         exit 0
     fi
     args=("${base[@]}" --re "$only")
@@ -183,9 +192,7 @@ for line in sys.stdin:
 fi
 if [[ -z "$(cargo mutants "${args[@]}" --list)" ]]; then
     echo "== no mutant left to run: every one is judged or unreached"
-    cd "$root"
-    shopt -s nullglob
-    python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "$out"/outcomes-*.json | tee "$out/table.md"
+    print_table
     exit 0
 fi
 echo "== cargo mutants over ${#files[@]} decision modules, the seeded suite of $seeds seeds as the only test (timeout ${timeout} s)"
@@ -198,6 +205,4 @@ case "$status" in
     0 | 2 | 3) ;;
     *) echo "scripts/mutation.sh: cargo mutants failed with status $status" >&2; exit "$status" ;;
 esac
-cd "$root"
-shopt -s nullglob
-python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "$out"/outcomes-*.json "$out/mutants.out/outcomes.json" | tee "$out/table.md"
+print_table

@@ -37,27 +37,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutation_table import names_regex  # noqa: E402
 
 
+def core_file(sf_line: str) -> str | None:
+    """An lcov `SF:` line's file as cargo-mutants names it (from `core/src/` on), or None
+    for a file outside core."""
+    at = sf_line.rfind("core/src/")
+    return sf_line[at:].strip() if at >= 0 else None
+
+
 def source_paths(lcov_text: str) -> dict[str, str]:
-    """Where each core file was compiled from (paths from `core/` on, to the lcov's own)."""
-    paths = {}
-    for raw in lcov_text.splitlines():
-        if raw.startswith("SF:"):
-            at = raw.rfind("core/src/")
-            if at >= 0:
-                paths[raw[at:].strip()] = raw[3:].strip()
-    return paths
+    """Where each core file was compiled from (cargo-mutants' name to the lcov's path)."""
+    return {
+        name: raw[3:].strip()
+        for raw in lcov_text.splitlines()
+        if raw.startswith("SF:") and (name := core_file(raw)) is not None
+    }
 
 
 def line_counts(lcov_text: str) -> dict[str, dict[int, int]]:
-    """Execution count per instrumented line, per source file (paths from `core/` on)."""
+    """Execution count per instrumented line, per core file (the highest of its records)."""
     counts: dict[str, dict[int, int]] = defaultdict(dict)
     current: str | None = None
     for raw in lcov_text.splitlines():
         line = raw.strip()
         if line.startswith("SF:"):
-            path = line[3:]
-            at = path.rfind("core/src/")
-            current = path[at:] if at >= 0 else None
+            current = core_file(line)
         elif line.startswith("DA:") and current is not None:
             number, count = line[3:].split(",")[:2]
             lines = counts[current]
