@@ -27,9 +27,9 @@
 #            oracles only grow stronger, so a kill stays a kill.
 #   --resume finish a run in DIR that stopped part-way (a session's end, a lost machine):
 #            only the mutants no run there judged are tried (survivors keep their verdict,
-#            a timeout is tried again).
-#            Refused when core's sources differ from the run's (DIR/core.sha256): the
-#            mutants' names carry line numbers, and a survivor is judged against one core.
+#            a timeout is tried again). A core file that changed since its mutants were
+#            judged (DIR/core-files.sha256) loses their verdicts: its mutants are judged
+#            again; the other files keep theirs.
 #   --no-reach  run every mutant, reached or not (no coverage pass)
 #
 # Mutants are built in place in a copy of the checkout, target/mutation-tree, which keeps
@@ -92,13 +92,15 @@ not_decisions=(
 # Each mutant is rebuilt before its suite, so the timeout is for the suite alone.
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-# The core the mutants are made from: a resumed run must mutate the same one.
-core_sha="$(git ls-files -z core | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
-if [[ "$resume" == 1 && -f "$out/core.sha256" && "$(cat "$out/core.sha256")" != "$core_sha" ]]; then
-    echo "scripts/mutation.sh: core changed since the run in $out; --resume would mix two cores (use --iterate)" >&2
-    exit 2
+# The core the mutants are made from, file by file: a resumed run keeps the verdicts of
+# the files that did not change since (their mutants' names carry line numbers, and a
+# survivor is judged against one version of its file) and judges the others again.
+core_files="$(git ls-files -z core | sort -z | xargs -0 sha256sum)"
+stale=""
+if [[ "$resume" == 1 && -f "$out/core-files.sha256" ]]; then
+    stale="$({ diff <(sort -k2 "$out/core-files.sha256") <(sort -k2 <<<"$core_files") || true; } |
+        sed -n 's/^[<>] [0-9a-f]*  //p' | sort -u | paste -sd, -)"
 fi
-echo "$core_sha" >"$out/core.sha256"
 # The table of every outcome in DIR, oldest first (a later outcome of a mutant wins).
 print_table() {
     cd "$root"
@@ -120,6 +122,12 @@ if [[ "$iterate" == 1 ]]; then
         n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
         cp "$out/mutants.out/outcomes.json" "$out/outcomes-$(printf %03d "$n").json"
     fi
+    if [[ -n "$stale" ]]; then
+        shopt -s nullglob
+        dropped="$(python3 scripts/mutation_table.py --prune "$stale" "$out"/outcomes-*.json)"
+        shopt -u nullglob
+        echo "== core files changed since the run in $out: $stale ($dropped verdicts dropped, judged again)"
+    fi
     # The shard's mutants less those an earlier run killed or found unviable, named one by
     # one: cargo-mutants' own --iterate would shard the shorter list, a different sample.
     shopt -s nullglob
@@ -135,6 +143,8 @@ if [[ "$iterate" == 1 ]]; then
     fi
     args=("${base[@]}" --re "$only")
 fi
+
+printf '%s\n' "$core_files" >"$out/core-files.sha256"
 
 # The copy: the checkout's files as they are now (committed or not); only files whose
 # content changed are written, so cargo rebuilds only what changed since the last run.

@@ -9,6 +9,7 @@ in more than one file counts once, with its outcome in the last file named.
 
     mutation_table.py [--min-kill-rate PCT] [--equivalent LIST] OUTCOMES_JSON...
     mutation_table.py --pending LISTED [--skip-survivors] OUTCOMES_JSON...
+    mutation_table.py --prune FILE[,FILE...] OUTCOMES_JSON...
 
 `--equivalent` names a file of mutants judged equivalent (one name per line, `#` starts a
 comment: the reason): survivors named there are listed apart and left out of the rate the
@@ -19,6 +20,10 @@ mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or
 (empty when none is left): what a resumed run still has to judge. With `--skip-survivors`
 survivors and unreached mutants count as judged too (a timeout does not: it may be the
 machine's load): what a run interrupted on an unchanged core still has to try.
+
+`--prune` rewrites each OUTCOMES_JSON without the outcomes of mutants in the named source
+files (those that changed since they were judged: their verdicts no longer hold), and
+prints how many it dropped.
 
 Exit status: 0, 1 when the kill rate is below --min-kill-rate, 2 for an unreadable file."""
 
@@ -114,6 +119,18 @@ def pending_regex(listed: list[str], reports: list[dict], skip_survivors: bool =
     return names_regex([name for name in listed if name not in done])
 
 
+def prune(report: dict, files: set[str]) -> int:
+    """Drops the outcomes of mutants in `files` from `report`; returns how many."""
+    kept = [
+        outcome
+        for outcome in report.get("outcomes", [])
+        if not (isinstance(outcome.get("scenario"), dict) and outcome["scenario"].get("Mutant", {}).get("file") in files)
+    ]
+    dropped = len(report.get("outcomes", [])) - len(kept)
+    report["outcomes"] = kept
+    return dropped
+
+
 def names_regex(names: list[str]) -> str:
     """One anchored regular expression (cargo-mutants' `--re`) matching exactly these
     mutant names; empty for none."""
@@ -157,6 +174,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pending", default=None, metavar="LISTED")
     parser.add_argument("--skip-survivors", action="store_true")
     parser.add_argument("--equivalent", default=None, metavar="LIST")
+    parser.add_argument("--prune", default=None, metavar="FILES")
     parser.add_argument("outcomes", nargs="*", metavar="OUTCOMES_JSON")
     args = parser.parse_args(argv)
     if args.pending is None and not args.outcomes:
@@ -169,6 +187,17 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError) as e:
             print(f"mutation_table.py: cannot read {path}: {e}", file=sys.stderr)
             return 2
+    if args.prune is not None:
+        files = {f for f in args.prune.split(",") if f}
+        dropped = 0
+        for path, report in zip(args.outcomes, reports):
+            n = prune(report, files)
+            if n:
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(report, f)
+            dropped += n
+        print(dropped)
+        return 0
     if args.pending is not None:
         try:
             with open(args.pending, encoding="utf-8") as f:

@@ -134,3 +134,18 @@ def test_unreached_mutants_are_viable_survivors_listed_apart_and_can_be_equivale
     assert "Not reached by any seed (1):\n- a.rs:2:5: replace f -> bool with true" in out
     assert "Equivalent survivors (1):\n- a.rs:3:5: replace f -> bool with true" in out
     assert "Killed among the 3 viable mutants not judged equivalent: 33%" in out
+
+
+def test_prune_drops_the_verdicts_of_changed_files_only(tmp_path: Path, capsys) -> None:
+    first = write(tmp_path, "o1.json", report(outcome("a.rs", 1, "MissedMutant"), outcome("b.rs", 1, "CaughtMutant")))
+    second = write(tmp_path, "o2.json", report(outcome("a.rs", 2, "Unreached"), outcome("c.rs", 1, "MissedMutant")))
+    assert mutation_table.main(["--prune", "a.rs,c.rs", first, second]) == 0
+    assert capsys.readouterr().out.strip() == "3"
+    kept = [json.loads(Path(p).read_text()) for p in (first, second)]
+    table = mutation_table.merge(kept)
+    assert dict(table.rows) == {"b.rs": {**table.rows["b.rs"], "mutants": 1, "killed": 1}}
+    assert table.survivors == [] and table.unreached == []
+    assert kept[0]["outcomes"][0] == {"scenario": "Baseline", "summary": "Success"}, "the baseline stays"
+    listed = ["a.rs:1:5: replace f -> bool with true", "b.rs:1:5: replace f -> bool with true"]
+    pattern = re.compile(mutation_table.pending_regex(listed, kept, skip_survivors=True))
+    assert [name for name in listed if pattern.search(name)] == [listed[0]], "the pruned file is judged again"

@@ -256,11 +256,6 @@ impl Inbox {
     pub fn is_subscribed(&self) -> bool {
         self.state == InboxState::Subscribed
     }
-
-    /// A discovery pass is running.
-    pub fn is_discovering(&self) -> bool {
-        self.state == InboxState::Discovering
-    }
 }
 
 /// A readiness event as the scheduler reads it.

@@ -1029,11 +1029,6 @@ impl PushCoordinator {
         &self.topology
     }
 
-    /// Batches not yet reported done.
-    pub fn active_batches(&self) -> usize {
-        self.batches.len()
-    }
-
     /// Requests and writes handed out and not yet answered.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()

@@ -321,11 +321,6 @@ impl RequestSlot {
         matches!(self.state, SlotState::Waiting { .. })
     }
 
-    /// The current socket generation (0 before the first socket).
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
     /// The configured timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout

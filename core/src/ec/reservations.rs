@@ -936,11 +936,6 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
-    /// Whether shutdown began.
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down
-    }
-
     /// Records a remote writer may still write into; shutdown waits for zero.
     pub fn writer_owned_count(&self) -> usize {
         self.records.values().filter(|r| r.state.is_writer_owned()).count()

@@ -424,11 +424,6 @@ impl Scheduler {
         self.consumers.get(consumer.0).map_or(1, |c| c.inbox.shard_count())
     }
 
-    /// The consumer's base address.
-    pub fn base(&self, consumer: ConsumerId) -> Option<&str> {
-        self.consumers.get(consumer.0).map(|c| c.base.as_str())
-    }
-
     /// The consumer's readiness table.
     pub fn readiness(&self, consumer: ConsumerId) -> Option<&Readiness> {
         self.consumers.get(consumer.0).map(|c| &c.readiness)

@@ -313,7 +313,6 @@ impl ConnectionRegistry {
 
     /// Encodes `msg` and queues its transmission on `peer`'s DEALER.
     pub fn send(&mut self, peer: &str, msg: &Value) -> Result<(), TransportError> {
-        self.sendable(peer)?;
         // Encoded into a kept buffer, then copied once into a frame of the exact size (a
         // frame libzmq takes over is then never reallocated); a large frame takes the
         // buffer itself, so no large buffer is kept.
@@ -331,39 +330,25 @@ impl ConnectionRegistry {
     /// write Python objects straight into one): exactly one value; the same checks apply.
     pub fn send_frame(&mut self, peer: &str, frame: Vec<u8>) -> Result<(), TransportError> {
         debug_assert_eq!(value::validate(&frame), Ok(()), "send_frame takes one msgpack value");
-        let c = self.sendable(peer)?;
-        let conn = c.id;
-        self.check_size(frame.len())?;
+        let conn = self.conn_id(peer).ok_or_else(|| TransportError::NotConnected(peer.to_string()))?;
+        self.may_transmit_on(peer, conn, frame.len())?;
         self.actions.push_back(Action::Transmit { conn, frame });
         Ok(())
     }
 
-    /// The checks of [`Self::send_frame`] for a frame of `len` bytes on `conn`, which must
-    /// still be `peer`'s registered connection (a caller holding a handle to a replaced
-    /// connection gets `SendOnClosed`). `Ok` means the driver transmits the frame on
-    /// `conn` at once, as it would carry out the `Transmit` that `send_frame` queues; a
-    /// binding's send takes this path to skip the queue.
+    /// Whether a frame of `len` bytes may go out on `conn`, which must still be `peer`'s
+    /// registered, live connection (a caller holding a handle to a replaced or dead one
+    /// gets `SendOnClosed`). The one check of every send: [`Self::send_frame`] asks it for
+    /// the peer's current connection and queues a `Transmit`; a binding's send asks it for
+    /// the connection its handle holds and, on `Ok`, transmits at once.
     pub fn may_transmit_on(&self, peer: &str, conn: ConnId, len: usize) -> Result<(), TransportError> {
         match self.conns.get(peer) {
-            Some(c) if c.id == conn && c.alive() => self.check_size(len),
+            Some(c) if c.id == conn && c.alive() => match self.config.max_message_bytes {
+                Some(limit) if len > limit => Err(TransportError::TooLarge(limit)),
+                _ => Ok(()),
+            },
             _ => Err(TransportError::SendOnClosed(peer.to_string())),
         }
-    }
-
-    fn check_size(&self, len: usize) -> Result<(), TransportError> {
-        match self.config.max_message_bytes {
-            Some(limit) if len > limit => Err(TransportError::TooLarge(limit)),
-            _ => Ok(()),
-        }
-    }
-
-    /// `peer`'s connection if a message may be sent on it.
-    fn sendable(&self, peer: &str) -> Result<&Connection, TransportError> {
-        let c = self.conns.get(peer).ok_or_else(|| TransportError::NotConnected(peer.to_string()))?;
-        if !c.alive() {
-            return Err(TransportError::SendOnClosed(peer.to_string()));
-        }
-        Ok(c)
     }
 
     /// How drivers hand frames to a DEALER: never blocking, unless the seed's blocking send

@@ -291,7 +291,10 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         if peer.fatal.is_some() {
             break;
         }
-        let wake = clock::now() + POLL_INTERVAL;
+        // As the node loop's turn: the engine step, or sooner when the manager has a
+        // reconnect or a handshake deadline due.
+        let step = clock::now() + POLL_INTERVAL;
+        let wake = peer.manager.poll_timeout().map_or(step, |due| due.min(step));
         tokio::select! {
             biased;
             _ = peer.router.readable() => {}
@@ -321,7 +324,7 @@ impl Peer {
     /// the faults.
     async fn tick(&mut self) {
         let now = clock::now();
-        self.poll_transport(now).await;
+        self.poll_transport().await;
         self.manager.handle_tick(now);
         self.settle().await;
         if let Some(n) = faults::take_flood(&self.name) {
@@ -351,7 +354,7 @@ impl Peer {
 
     /// Gathers the ROUTER's messages and each live connection's monitor events (up to its
     /// first fatal one), hands them to the manager and carries out its actions.
-    async fn poll_transport(&mut self, now: Instant) {
+    async fn poll_transport(&mut self) {
         let registry = self.manager.registry();
         let before: BTreeMap<String, (ConnId, bool)> =
             registry.iter_connections().map(|(p, c, a)| (p.to_string(), (c, a))).collect();
@@ -403,7 +406,7 @@ impl Peer {
         }
         let before = registry.stats();
         let handed = input.router.len() as u64;
-        self.manager.handle_sockets(input, now);
+        self.manager.handle_sockets(input);
         let stats = self.manager.registry().stats();
         // Every ROUTER message handed in is routed to a connection, refused by the peer
         // check or dropped, exactly once.

@@ -1,6 +1,6 @@
 //! [`PeerManager`]: the tiering manager's tick over the registry and the sessions.
 //!
-//! A driver feeds it what one poll of its sockets held ([`PeerManager::handle_sockets`]),
+//! A driver feeds it what one poll of its sockets held ([`PeerManager::handle_frames`]),
 //! then the tick ([`PeerManager::handle_tick`]), and the application's commands
 //! ([`PeerManager::keep_connected`], [`PeerManager::send`], ...). After each call it
 //! carries out [`PeerManager::poll_action`] until empty, reporting a DEALER it could not
@@ -250,25 +250,16 @@ impl<R: RngCore> PeerManager<R> {
         self.registry.close_all();
     }
 
-    /// What one poll of the sockets held: the registry routes, sweeps and accepts; the
-    /// accepted peers are admitted by the next [`Self::handle_tick`].
-    pub fn handle_sockets(&mut self, input: PollInput, now: Instant) {
-        let _ = now;
-        if !conformance_on() {
-            let accepted = self.registry.poll(input);
-            self.accepted.extend(accepted);
-            return;
-        }
+    /// What one poll of the sockets held, as owned frames: [`Self::handle_frames`] over
+    /// them (the simulator's peers and the tests hand frames in this way).
+    pub fn handle_sockets(&mut self, input: PollInput) {
         let sources = input.sources.iter().map(Option::as_deref).chain(std::iter::repeat(None));
-        let router: Vec<String> = input.router.iter().zip(sources).map(|(m, from)| render_message(m, from)).collect();
-        let monitor = input.monitor.clone();
-        let accepted = self.registry.poll(input);
-        record!("peer_manager", "sockets", "router {router:?} monitor {monitor:?} -> accepted {accepted:?}");
-        self.accepted.extend(accepted);
+        self.handle_frames(input.router.iter().map(Vec::as_slice).zip(sources), &input.monitor);
     }
 
-    /// [`Self::handle_sockets`] over ROUTER messages the driver still holds (see
-    /// `ConnectionRegistry::poll_frames`).
+    /// What one poll of the sockets held, over ROUTER messages the driver still holds (see
+    /// `ConnectionRegistry::poll_frames`): the registry routes, sweeps and accepts; the
+    /// accepted peers are admitted by the next [`Self::handle_tick`].
     pub fn handle_frames<'f, F>(
         &mut self,
         router: impl IntoIterator<Item = (&'f [F], Option<&'f str>)>,

@@ -67,7 +67,7 @@ fn conn_of_open(actions: &[Action]) -> ConnId {
 /// ticks (the S6 setup). Returns the dead session's id.
 fn accepted_then_failed(m: &mut PeerManager<impl RngCore>) -> SessionId {
     let now = Instant::ZERO;
-    m.handle_sockets(connect_from_b(), now);
+    m.handle_sockets(connect_from_b());
     m.handle_tick(now);
     let conn = conn_of_open(&actions(m));
     let first = m.session_id(B).expect("admitted");
@@ -86,7 +86,7 @@ fn a_replacement_for_a_dead_session_is_admitted() {
     let old = accepted_then_failed(&mut m);
     // B reconnects before the next tick reaped its dead session.
     let now = Instant::from_secs(1);
-    m.handle_sockets(connect_from_b(), now);
+    m.handle_sockets(connect_from_b());
     m.handle_tick(now);
     let ev = events(&mut m);
     let new = m.session_id(B).expect("the replacement holds the peer");
@@ -102,7 +102,7 @@ fn with_s6_the_replacement_is_refused_as_a_duplicate() {
     let mut m = manager(ManagerRegressions { s6_accept_before_reap: true, ..Default::default() });
     let old = accepted_then_failed(&mut m);
     let now = Instant::from_secs(1);
-    m.handle_sockets(connect_from_b(), now);
+    m.handle_sockets(connect_from_b());
     actions(&mut m);
     m.handle_tick(now);
     let ev = events(&mut m);
@@ -112,7 +112,7 @@ fn with_s6_the_replacement_is_refused_as_a_duplicate() {
     assert!(m.session_id(B).is_none(), "the dead session is reaped after admission");
     // The dead session did not read the newcomer's Connect: the next sweep drops it.
     assert_eq!(m.registry().stats().messages_lost_in_sweep, 0);
-    m.handle_sockets(PollInput::default(), now);
+    m.handle_sockets(PollInput::default());
     assert_eq!(m.registry().stats().messages_lost_in_sweep, 1, "the refused Connect is counted as lost");
 }
 
@@ -148,7 +148,7 @@ fn dead_sessions_are_reaped_after_dispatch_and_redialled_after_the_drawn_backoff
     // same tick, and B is redialled 200 ms + 300 % 800 ms later.
     let now = Instant::from_secs(5);
     let bye = value::encode(&Message::Disconnect.to_value());
-    m.handle_sockets(PollInput { router: vec![vec![B.as_bytes().to_vec(), bye]], ..PollInput::default() }, now);
+    m.handle_sockets(PollInput { router: vec![vec![B.as_bytes().to_vec(), bye]], ..PollInput::default() });
     m.handle_tick(now);
     let ev = events(&mut m);
     let down = ev.iter().position(|e| matches!(e, PeerEvent::Down { reason: DeathReason::PeerDisconnected, .. }));
