@@ -13,7 +13,9 @@ in more than one file counts once, with its outcome in the last file named.
 
 `--equivalent` names a file of mutants judged equivalent (one name per line, `#` starts a
 comment: the reason): survivors named there are listed apart and left out of the rate the
-gate applies, killed among the viable that are not equivalent.
+gate applies, killed among the viable that are not equivalent. A name without its
+`:line:col` (`core/src/a.rs: replace f -> bool with true`) names that mutation of that
+function wherever it sits, so an edit elsewhere in the file does not unjudge it.
 
 `--pending` prints, as one anchored regular expression for cargo-mutants' `--re`, the
 mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or unviable
@@ -67,9 +69,19 @@ class Table:
 
     def set_aside(self, equivalent: set[str]) -> None:
         """Moves the survivors (reached or not) named in `equivalent` out of their lists."""
-        self.equivalent = sorted(name for name in self.survivors + self.unreached if name in equivalent)
-        self.survivors = [name for name in self.survivors if name not in equivalent]
-        self.unreached = [name for name in self.unreached if name not in equivalent]
+
+        def judged(name: str) -> bool:
+            return name in equivalent or without_position(name) in equivalent
+
+        self.equivalent = sorted(name for name in self.survivors + self.unreached if judged(name))
+        self.survivors = [name for name in self.survivors if not judged(name)]
+        self.unreached = [name for name in self.unreached if not judged(name)]
+
+
+def without_position(name: str) -> str:
+    """A mutant's name without its line and column (`core/src/a.rs: replace ...`): the
+    form a judgement takes when it holds wherever the function's lines move."""
+    return re.sub(r"^(\S+?\.rs):\d+:\d+: ", r"\1: ", name)
 
 
 def merge(reports: list[dict]) -> Table:

@@ -149,3 +149,15 @@ def test_prune_drops_the_verdicts_of_changed_files_only(tmp_path: Path, capsys) 
     listed = ["a.rs:1:5: replace f -> bool with true", "b.rs:1:5: replace f -> bool with true"]
     pattern = re.compile(mutation_table.pending_regex(listed, kept, skip_survivors=True))
     assert [name for name in listed if pattern.search(name)] == [listed[0]], "the pruned file is judged again"
+
+
+def test_a_judgement_without_line_and_column_holds_wherever_the_function_moves(tmp_path: Path, capsys) -> None:
+    moved = {"scenario": {"Mutant": {"name": "a.rs:40:9: replace g -> usize with 0", "file": "a.rs"}}, "summary": "Unreached"}
+    other = {"scenario": {"Mutant": {"name": "a.rs:41:9: replace g -> usize with 1", "file": "a.rs"}}, "summary": "MissedMutant"}
+    path = write(tmp_path, "o.json", report(outcome("a.rs", 1, "CaughtMutant"), moved, other))
+    equivalent = tmp_path / "eq.txt"
+    equivalent.write_text("a.rs: replace g -> usize with 0  # accessor\na.rs:7:9: replace g -> usize with 1  # stale line\n")
+    assert mutation_table.main(["--equivalent", str(equivalent), path]) == 0
+    out = capsys.readouterr().out
+    assert "Equivalent survivors (1):\n- a.rs:40:9: replace g -> usize with 0" in out
+    assert "Survivors (1):\n- a.rs:41:9: replace g -> usize with 1" in out, "a name with a position must match it"

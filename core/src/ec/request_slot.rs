@@ -320,11 +320,6 @@ impl RequestSlot {
     pub fn is_waiting(&self) -> bool {
         matches!(self.state, SlotState::Waiting { .. })
     }
-
-    /// The configured timeout.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
 }
 
 /// `control_timeout_s` to milliseconds as the reference: `max(1, ceil(s * 1000))`.

@@ -81,11 +81,6 @@ impl Slab {
         Slab { size, free, used_bytes: 0 }
     }
 
-    /// Usable bytes.
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
     /// Bytes currently handed out.
     pub fn used_bytes(&self) -> u64 {
         self.used_bytes
