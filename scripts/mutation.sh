@@ -27,7 +27,8 @@
 #            oracles only grow stronger, so a kill stays a kill.
 #   --resume finish a run in DIR that stopped part-way (a session's end, a lost machine):
 #            only the mutants no run there judged are tried (survivors keep their verdict,
-#            a timeout is tried again). A core file that changed since its mutants were
+#            a timeout is tried again, an unreached mutant is run if a seed now reaches
+#            it and otherwise keeps its verdict without a second check). A core file that changed since its mutants were
 #            judged (DIR/core-files.sha256) loses their verdicts: its mutants are judged
 #            again; the other files keep theirs.
 #   --no-reach  run every mutant, reached or not (no coverage pass)
@@ -120,7 +121,9 @@ args=("${base[@]}")
 if [[ "$iterate" == 1 ]]; then
     if [[ -f "$out/mutants.out/outcomes.json" ]]; then
         n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
-        cp "$out/mutants.out/outcomes.json" "$out/outcomes-$(printf %03d "$n").json"
+        # Moved, not copied: a run stopped before cargo-mutants starts again must not
+        # bring back verdicts a later prune dropped.
+        mv "$out/mutants.out/outcomes.json" "$out/outcomes-$(printf %03d "$n").json"
     fi
     if [[ -n "$stale" ]]; then
         shopt -s nullglob
@@ -183,10 +186,15 @@ for line in sys.stdin:
     "$llvm/llvm-cov" export --format=lcov --instr-profile "$cov/suite.profdata" "$exe" >"$out/suite.lcov"
     cargo mutants "${args[@]}" --list --json >"$out/listed.json"
     unreached="$(python3 "$root/scripts/mutation_reach.py" unreached "$out/suite.lcov" "$out/listed.json" "$out/unreached.txt")"
-    if [[ -n "$unreached" ]]; then
+    # An earlier run of DIR checked some of them already (unreached then, still unreached).
+    shopt -s nullglob
+    unchecked="$(python3 "$root/scripts/mutation_table.py" --pending "$out/unreached.txt" --skip-unreached \
+        "$out"/outcomes-*.json)"
+    shopt -u nullglob
+    if [[ -n "$unchecked" ]]; then
         echo "== cargo check of the mutants no seed reaches (a viable one is an unreached survivor)"
         set +e
-        cargo mutants "${common[@]}" --check --re "$unreached" --output "$out/reach"
+        cargo mutants "${common[@]}" --check --re "$unchecked" --output "$out/reach"
         status=$?
         set -e
         # 0: all checked; the other statuses name mutants that did not (unviable).
@@ -197,6 +205,8 @@ for line in sys.stdin:
         n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
         python3 "$root/scripts/mutation_reach.py" outcomes "$out/reach/mutants.out/outcomes.json" \
             "$out/outcomes-$(printf %03d "$n")-reach.json" "$out/unreached.txt"
+    fi
+    if [[ -n "$unreached" ]]; then
         args+=(--exclude-re "$unreached")
     fi
 fi

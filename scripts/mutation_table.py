@@ -8,7 +8,7 @@ Several outcomes.json files (the shards of one run) merge into one table; a muta
 in more than one file counts once, with its outcome in the last file named.
 
     mutation_table.py [--min-kill-rate PCT] [--equivalent LIST] OUTCOMES_JSON...
-    mutation_table.py --pending LISTED [--skip-survivors] OUTCOMES_JSON...
+    mutation_table.py --pending LISTED [--skip-survivors] [--skip-unreached] OUTCOMES_JSON...
     mutation_table.py --prune FILE[,FILE...] OUTCOMES_JSON...
 
 `--equivalent` names a file of mutants judged equivalent (one name per line, `#` starts a
@@ -20,8 +20,10 @@ function wherever it sits, so an edit elsewhere in the file does not unjudge it.
 `--pending` prints, as one anchored regular expression for cargo-mutants' `--re`, the
 mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or unviable
 (empty when none is left): what a resumed run still has to judge. With `--skip-survivors`
-survivors and unreached mutants count as judged too (a timeout does not: it may be the
-machine's load): what a run interrupted on an unchanged core still has to try.
+survivors count as judged too (a timeout does not: it may be the machine's load): what a
+run interrupted on an unchanged core still has to try. An unreached mutant stays pending,
+since the simulator may reach it now, unless `--skip-unreached` is given: of the mutants
+the coverage pass still finds unreached, only those not found so before need checking.
 
 `--prune` rewrites each OUTCOMES_JSON without the outcomes of mutants in the named source
 files (those that changed since they were judged: their verdicts no longer hold), and
@@ -116,10 +118,14 @@ def merge(reports: list[dict]) -> Table:
     return table
 
 
-def pending_regex(listed: list[str], reports: list[dict], skip_survivors: bool = False) -> str:
+def pending_regex(
+    listed: list[str], reports: list[dict], skip_survivors: bool = False, skip_unreached: bool = False
+) -> str:
     """The listed mutants no report marks killed or unviable (with `skip_survivors`: nor
-    survived), as one anchored regex."""
-    judged = ("CaughtMutant", "Unviable", "MissedMutant", "Unreached") if skip_survivors else ("CaughtMutant", "Unviable")
+    survived; with `skip_unreached`: nor unreached), as one anchored regex."""
+    judged = ("CaughtMutant", "Unviable")
+    judged += ("MissedMutant",) if skip_survivors else ()
+    judged += ("Unreached",) if skip_unreached else ()
     done = {
         outcome["scenario"]["Mutant"].get("name")
         for report in reports
@@ -185,6 +191,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--min-kill-rate", type=float, default=None, metavar="PCT")
     parser.add_argument("--pending", default=None, metavar="LISTED")
     parser.add_argument("--skip-survivors", action="store_true")
+    parser.add_argument("--skip-unreached", action="store_true")
     parser.add_argument("--equivalent", default=None, metavar="LIST")
     parser.add_argument("--prune", default=None, metavar="FILES")
     parser.add_argument("outcomes", nargs="*", metavar="OUTCOMES_JSON")
@@ -217,7 +224,7 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"mutation_table.py: cannot read {args.pending}: {e}", file=sys.stderr)
             return 2
-        print(pending_regex(listed, reports, args.skip_survivors))
+        print(pending_regex(listed, reports, args.skip_survivors, args.skip_unreached))
         return 0
     table = merge(reports)
     if args.equivalent is not None:

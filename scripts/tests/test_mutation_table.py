@@ -99,14 +99,18 @@ def test_a_resumed_run_skips_survivors_but_tries_timeouts_again(tmp_path: Path, 
         outcome("a.rs", 4, "Timeout"),
     )
     pattern = re.compile(mutation_table.pending_regex(listed, [earlier], skip_survivors=True))
-    assert [name for name in listed if pattern.search(name)] == [listed[3], listed[4]]
+    assert [name for name in listed if pattern.search(name)] == [listed[2], listed[3], listed[4]], "unreached: look again"
     again = re.compile(mutation_table.pending_regex(listed, [earlier]))
     assert [name for name in listed if again.search(name)] == listed[1:]
+    checked = re.compile(mutation_table.pending_regex(listed, [earlier], skip_unreached=True))
+    assert [name for name in listed if checked.search(name)] == [listed[1], listed[3], listed[4]]
     path = tmp_path / "listed.txt"
     path.write_text("\n".join(listed) + "\n")
     done = write(tmp_path, "o.json", earlier)
     assert mutation_table.main(["--pending", str(path), "--skip-survivors", done]) == 0
     assert capsys.readouterr().out.strip() == pattern.pattern
+    assert mutation_table.main(["--pending", str(path), "--skip-unreached", done]) == 0
+    assert capsys.readouterr().out.strip() == checked.pattern
 
 
 def test_equivalent_survivors_are_listed_apart_and_left_out_of_the_gate(tmp_path: Path, capsys) -> None:
@@ -147,7 +151,7 @@ def test_prune_drops_the_verdicts_of_changed_files_only(tmp_path: Path, capsys) 
     assert table.survivors == [] and table.unreached == []
     assert kept[0]["outcomes"][0] == {"scenario": "Baseline", "summary": "Success"}, "the baseline stays"
     listed = ["a.rs:1:5: replace f -> bool with true", "b.rs:1:5: replace f -> bool with true"]
-    pattern = re.compile(mutation_table.pending_regex(listed, kept, skip_survivors=True))
+    pattern = re.compile(mutation_table.pending_regex(listed, kept, skip_survivors=True, skip_unreached=True))
     assert [name for name in listed if pattern.search(name)] == [listed[0]], "the pruned file is judged again"
 
 

@@ -114,6 +114,10 @@ pub struct Swarm {
     /// reaches its attempt bounds.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub scheduler_garbage: KindRate,
+    /// A P2P node shutting down cleanly (every session closed, a Disconnect to each
+    /// peer) and its host starting again later.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub peer_exit: KindRate,
 }
 
 impl KindRate {
@@ -236,6 +240,10 @@ pub enum FaultKind {
     /// `host`'s next `count` DEALER opens fail as a process out of file descriptors fails
     /// them (`EMFILE`): the manager is told through `handle_open_failed`.
     OpenFailures { host: String, count: u32 },
+    /// `host`'s P2P node shuts down cleanly at its next turn (`PeerManager::close_all`: a
+    /// best-effort Disconnect on every session, every DEALER closed), its process exits,
+    /// and the host starts again `down_ms` after the fault began.
+    PeerExit { host: String, down_ms: u64 },
 }
 
 impl FaultKind {
@@ -260,6 +268,7 @@ impl FaultKind {
             FaultKind::LostLoads { .. } => "lost_loads",
             FaultKind::PeerClose { .. } => "peer_close",
             FaultKind::OpenFailures { .. } => "open_failures",
+            FaultKind::PeerExit { .. } => "peer_exit",
         }
     }
 
@@ -274,7 +283,7 @@ impl FaultKind {
             | FaultKind::StopReading { for_ms, .. }
             | FaultKind::LostLoads { for_ms, .. }
             | FaultKind::PeerClose { for_ms, .. } => *for_ms,
-            FaultKind::Crash { down_ms, .. } => *down_ms,
+            FaultKind::Crash { down_ms, .. } | FaultKind::PeerExit { down_ms, .. } => *down_ms,
             FaultKind::Malformed { .. } => 0,
             FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => partition_ms + gap_ms,
             FaultKind::PeerFlood { .. }
@@ -309,7 +318,8 @@ impl FaultKind {
             FaultKind::ReplaceRace { host, peer } => vec![host, peer],
             FaultKind::StopReading { host, .. }
             | FaultKind::LostLoads { host, .. }
-            | FaultKind::OpenFailures { host, .. } => vec![host],
+            | FaultKind::OpenFailures { host, .. }
+            | FaultKind::PeerExit { host, .. } => vec![host],
             FaultKind::ForgedIdentity { from, to, .. }
             | FaultKind::InboundFlood { from, to, .. }
             | FaultKind::Oversize { from, to } => vec![from, to],
@@ -331,7 +341,7 @@ impl FaultKind {
                 vec![link(a, b)]
             }
             FaultKind::OneWay { from, to, .. } => vec![link(from, to)],
-            FaultKind::Crash { host, .. } => vec![format!("host {host}")],
+            FaultKind::Crash { host, .. } | FaultKind::PeerExit { host, .. } => vec![format!("host {host}")],
             FaultKind::SlowHandler { host, .. } => vec![format!("handler {host}")],
             FaultKind::Malformed { .. } => Vec::new(),
             FaultKind::ReconnectRace { host, peer, partition_ms, .. } => {
@@ -681,6 +691,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.open_failures = rate();
     swarm.scheduler_garbage = rate();
     swarm.inbound_flood = rate();
+    swarm.peer_exit = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -697,6 +708,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.open_failures,
         swarm.scheduler_garbage,
         swarm.inbound_flood,
+        swarm.peer_exit,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -841,6 +853,12 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let kind = FaultKind::InboundFlood { from, to, count: rng.gen_range(20..=300) };
                     out.push(Fault { at_ms: at(&mut rng, 0), kind });
                 }
+                15 => {
+                    let Some(host) = pick(&mut rng, peers).cloned() else { continue };
+                    // Longer than a turn, so the node shuts down before its host restarts.
+                    let down_ms = rng.gen_range(200..=8_000);
+                    out.push(Fault { at_ms: at(&mut rng, down_ms), kind: FaultKind::PeerExit { host, down_ms } });
+                }
                 _ => {
                     let (Some(from), Some(to)) =
                         (pick(&mut rng, &topo.schedulers).cloned(), pick(&mut rng, ranks).cloned())
@@ -920,6 +938,8 @@ struct HostFaults {
     forged: BTreeMap<String, Vec<(String, String)>>,
     /// Per `(P2P host, peer)`: role messages from the peer its handler still fails on.
     handler_failures: BTreeMap<(String, String), u32>,
+    /// P2P hosts whose node shuts down at its next turn.
+    exits: BTreeSet<String>,
     /// Per P2P host: peers whose session its application closes now.
     closes: BTreeMap<String, BTreeSet<String>>,
     /// Per P2P host: peers it keeps connected again now.
@@ -1011,6 +1031,11 @@ pub fn take_closes(host: &str) -> (BTreeSet<String>, BTreeSet<String>) {
         let mut h = h.borrow_mut();
         (h.closes.remove(host).unwrap_or_default(), h.reopens.remove(host).unwrap_or_default())
     })
+}
+
+/// Whether `host`'s P2P node shuts down now (a peer-exit fault, taken once).
+pub fn take_exit(host: &str) -> bool {
+    HOST_FAULTS.with(|h| h.borrow_mut().exits.remove(host))
 }
 
 /// Whether the load scheduler `host` begins now goes unreported (one of a lost-loads
@@ -1137,6 +1162,10 @@ enum Step {
         host: String,
         peer: String,
         count: u32,
+    },
+    /// `host`'s P2P node shuts down at its next turn and its process exits.
+    Exit {
+        host: String,
     },
     /// `host`'s P2P application closes its session with `peer`.
     ClosePeer {
@@ -1272,6 +1301,10 @@ impl FaultDriver {
                 }
                 FaultKind::Oversize { from, to } => push(t, i, Step::Oversize { from, to }),
                 FaultKind::OpenFailures { host, count } => push(t, i, Step::FailOpens { host, count }),
+                FaultKind::PeerExit { host, down_ms } => {
+                    push(t, i, Step::Exit { host: host.clone() });
+                    push(t + down_ms, i, Step::Restart { host });
+                }
                 FaultKind::PeerClose { host, peer, for_ms } => {
                     push(t, i, Step::ClosePeer { host: host.clone(), peer: peer.clone() });
                     push(t + for_ms, i, Step::ReopenPeer { host, peer });
@@ -1415,6 +1448,8 @@ impl FaultDriver {
                 rec("crash", &[("host", &host)]);
             }
             Step::Restart { host } => {
+                // A shutdown the old incarnation never reached is not the new one's.
+                HOST_FAULTS.with(|h| h.borrow_mut().exits.remove(&host));
                 sim.bounce(host.as_str());
                 rec("restart", &[("host", &host)]);
             }
@@ -1429,6 +1464,10 @@ impl FaultDriver {
             Step::SlowOff { host } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().delays.remove(&host));
                 rec("slow_off", &[("host", &host)]);
+            }
+            Step::Exit { host } => {
+                HOST_FAULTS.with(|h| h.borrow_mut().exits.insert(host.clone()));
+                rec("exit", &[("host", &host)]);
             }
             Step::ClosePeer { host, peer } => {
                 HOST_FAULTS.with(|h| h.borrow_mut().closes.entry(host.clone()).or_default().insert(peer.clone()));

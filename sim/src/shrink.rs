@@ -131,6 +131,8 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
         | FaultKind::LostLoads { for_ms, .. }
         | FaultKind::PeerClose { for_ms, .. } => *for_ms = half(*for_ms)?,
         FaultKind::Crash { down_ms, .. } => *down_ms = half(*down_ms)?,
+        // At least a turn: the node shuts down before its host restarts.
+        FaultKind::PeerExit { down_ms, .. } => *down_ms = half(*down_ms).filter(|&d| d >= 200)?,
         FaultKind::Malformed { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
         FaultKind::ReconnectRace { partition_ms, gap_ms, .. } => match (half(*partition_ms), half(*gap_ms)) {
             (Some(p), _) => *partition_ms = p,

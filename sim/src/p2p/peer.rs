@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ctlplane_core::p2p::defaults::{HANDSHAKE_TIMEOUT, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
 use ctlplane_core::p2p::manager::{ManagerConfig, ManagerRegressions, PeerEvent, PeerManager, SessionId};
-use ctlplane_core::p2p::messages::Message;
+use ctlplane_core::p2p::messages::{Message, Parsed};
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::{Direction, RegistryStats};
 use ctlplane_core::p2p::session::{SessionConfig, MAX_CONSECUTIVE_DISPATCH_ERRORS};
@@ -169,6 +169,8 @@ struct Peer {
     settings: PeerSettings,
     /// DEALER opens and closes the manager asked for: its registry's counters must agree.
     dealer_actions: (u64, u64),
+    /// While the node shuts down: the connections a Disconnect was handed to (`p2p-exit`).
+    disconnects: Option<BTreeSet<ConnId>>,
 }
 
 /// The registry's count of ROUTER messages it has dealt with: routed, refused or dropped.
@@ -268,6 +270,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         open_failed: BTreeSet::new(),
         sources: BTreeMap::new(),
         dealer_actions: (0, 0),
+        disconnects: None,
         settings: cfg.settings,
     };
     trace::record(&name, "p2p.start", &[("incarnation", &inc)]);
@@ -276,6 +279,10 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
             // The application stops reading; the sockets' I/O (heartbeats) goes on.
             trace::record(&name, "p2p.stop_reading", &[("until", &until)]);
             clock::sleep_until(until).await;
+        }
+        if faults::take_exit(&name) {
+            peer.exit().await;
+            break;
         }
         let started = clock::now();
         peer.tick().await;
@@ -301,9 +308,11 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
             _ = clock::sleep_until(wake) => {}
         }
     }
-    // EngineCore died: the process's sockets go with it and nothing answers any more.
-    let error = peer.fatal.clone().unwrap_or_default();
-    trace::record(&name, "p2p.engine_crash", &[("error", &error)]);
+    // EngineCore died, or the node shut down: the process's sockets go with it and
+    // nothing answers any more.
+    if let Some(error) = &peer.fatal {
+        trace::record(&name, "p2p.engine_crash", &[("error", error)]);
+    }
     for p in peer.manager.session_peers() {
         if let Some(host) = peer.pair_of(&p) {
             ledger::gone(&name, host);
@@ -599,6 +608,45 @@ impl Peer {
         }
     }
 
+    /// A peer-exit fault: the node shuts down as the node loop's `close` does. `p2p-exit`:
+    /// once `close_all` is carried out no session is alive, nothing is registered, every
+    /// DEALER is closed, and each session that had completed its handshake handed its
+    /// connection a Disconnect first.
+    async fn exit(&mut self) {
+        let ready: Vec<(String, Option<ConnId>)> = self
+            .manager
+            .session_peers()
+            .into_iter()
+            .filter(|p| self.manager.is_ready(p) && self.manager.is_alive(p))
+            .map(|p| {
+                let conn = self.manager.session_conn(&p);
+                (p, conn)
+            })
+            .collect();
+        trace::record(&self.name, "p2p.exit", &[("ready", &ready.len())]);
+        self.disconnects = Some(BTreeSet::new());
+        self.manager.close_all();
+        self.settle().await;
+        let mut wrong = Vec::new();
+        if let Some(alive) = self.manager.session_peers().into_iter().find(|p| self.manager.is_alive(p)) {
+            wrong.push(format!("the session with {alive} is still alive"));
+        }
+        if let Some((peer, conn, _)) = self.manager.registry().iter_connections().next() {
+            wrong.push(format!("connection {conn} to {peer} is still registered"));
+        }
+        if let Some((conn, d)) = self.dealers.iter().next() {
+            wrong.push(format!("the DEALER of connection {conn} to {} is still open", d.peer));
+        }
+        for (peer, conn) in &ready {
+            if !conn.is_some_and(|c| self.disconnects.as_ref().is_some_and(|d| d.contains(&c))) {
+                wrong.push(format!("the ready session with {peer} sent no Disconnect"));
+            }
+        }
+        if !wrong.is_empty() {
+            oracle::violate("p2p-exit", &self.name, format!("after the node shut down: {}", wrong.join("; ")));
+        }
+    }
+
     /// An oversize fault: one lookup to `peer` whose frame exceeds the world's frame limit,
     /// which the sender must refuse (`p2p-frame-limit` judges what reaches a DEALER).
     async fn oversize(&mut self, peer: &str) {
@@ -870,6 +918,14 @@ impl Peer {
                                 frame.len()
                             ),
                         );
+                    }
+                    if let Some(sent) = &mut self.disconnects {
+                        if matches!(
+                            value::decode(&frame).ok().and_then(|v| Message::parse(&v).ok()),
+                            Some(Parsed::Message(Message::Disconnect))
+                        ) {
+                            sent.insert(conn);
+                        }
                     }
                     let result = match (self.dealers.get(&conn), self.manager.send_mode()) {
                         (Some(d), SendMode::NonBlocking) => match d.dealer.try_send(vec![frame]) {
