@@ -118,6 +118,9 @@ pub struct Swarm {
     /// peer) and its host starting again later.
     #[serde(skip_serializing_if = "KindRate::is_off")]
     pub peer_exit: KindRate,
+    /// A scheduler out of file descriptors when it subscribes to a consumer's events.
+    #[serde(skip_serializing_if = "KindRate::is_off")]
+    pub subscribe_failures: KindRate,
 }
 
 impl KindRate {
@@ -244,6 +247,10 @@ pub enum FaultKind {
     /// best-effort Disconnect on every session, every DEALER closed), its process exits,
     /// and the host starts again `down_ms` after the fault began.
     PeerExit { host: String, down_ms: u64 },
+    /// Scheduler `host`'s next `count` event-channel subscriptions fail as a process out of
+    /// file descriptors fails its PULL socket: the core is told through
+    /// `Scheduler::subscribe_failed`, and a later drain discovers again.
+    SubscribeFailures { host: String, count: u32 },
 }
 
 impl FaultKind {
@@ -269,6 +276,7 @@ impl FaultKind {
             FaultKind::PeerClose { .. } => "peer_close",
             FaultKind::OpenFailures { .. } => "open_failures",
             FaultKind::PeerExit { .. } => "peer_exit",
+            FaultKind::SubscribeFailures { .. } => "subscribe_failures",
         }
     }
 
@@ -291,7 +299,8 @@ impl FaultKind {
             | FaultKind::ForgedIdentity { .. }
             | FaultKind::HandlerFailures { .. }
             | FaultKind::Oversize { .. }
-            | FaultKind::OpenFailures { .. } => 0,
+            | FaultKind::OpenFailures { .. }
+            | FaultKind::SubscribeFailures { .. } => 0,
             FaultKind::InboundFlood { count, .. } => INBOUND_FLOOD_GAP_MS * u64::from(*count),
         }
     }
@@ -319,6 +328,7 @@ impl FaultKind {
             FaultKind::StopReading { host, .. }
             | FaultKind::LostLoads { host, .. }
             | FaultKind::OpenFailures { host, .. }
+            | FaultKind::SubscribeFailures { host, .. }
             | FaultKind::PeerExit { host, .. } => vec![host],
             FaultKind::ForgedIdentity { from, to, .. }
             | FaultKind::InboundFlood { from, to, .. }
@@ -355,7 +365,8 @@ impl FaultKind {
             | FaultKind::ForgedIdentity { .. }
             | FaultKind::HandlerFailures { .. }
             | FaultKind::Oversize { .. }
-            | FaultKind::OpenFailures { .. } => Vec::new(),
+            | FaultKind::OpenFailures { .. }
+            | FaultKind::SubscribeFailures { .. } => Vec::new(),
             // Its connections are made and accepted one by one: a hold on the link, or
             // either end down or not polling, would leave them to arrive at once, more than
             // the simulated listener's backlog takes.
@@ -692,6 +703,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
     swarm.scheduler_garbage = rate();
     swarm.inbound_flood = rate();
     swarm.peer_exit = rate();
+    swarm.subscribe_failures = rate();
     let kinds = [
         swarm.peer_flood,
         swarm.replace_race,
@@ -709,6 +721,7 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
         swarm.scheduler_garbage,
         swarm.inbound_flood,
         swarm.peer_exit,
+        swarm.subscribe_failures,
     ];
     let ranks = &t.ranks;
     let bases: Vec<String> = topo.consumers.iter().filter_map(|c| c.ranks.first().cloned()).collect();
@@ -859,6 +872,14 @@ fn draw_extra(seed: u64, horizon_ms: u64, topo: &Topology, t: &Targets, swarm: &
                     let down_ms = rng.gen_range(200..=8_000);
                     out.push(Fault { at_ms: at(&mut rng, down_ms), kind: FaultKind::PeerExit { host, down_ms } });
                 }
+                16 => {
+                    // Armed before the scheduler's first subscription, half the time; at
+                    // any time otherwise, for a subscription after a re-discovery.
+                    let Some(host) = pick(&mut rng, &topo.schedulers).cloned() else { continue };
+                    let kind = FaultKind::SubscribeFailures { host, count: rng.gen_range(1..=2) };
+                    let at_ms = if rng.gen_bool(0.5) { rng.gen_range(0..=100) } else { at(&mut rng, 0) };
+                    out.push(Fault { at_ms, kind });
+                }
                 _ => {
                     let (Some(from), Some(to)) =
                         (pick(&mut rng, &topo.schedulers).cloned(), pick(&mut rng, ranks).cloned())
@@ -950,6 +971,8 @@ struct HostFaults {
     oversize: BTreeMap<String, BTreeSet<String>>,
     /// Per P2P host: DEALER opens still to fail.
     open_failures: BTreeMap<String, u32>,
+    /// Per scheduler: event-channel subscriptions still to fail.
+    subscribe_failures: BTreeMap<String, u32>,
     /// Per `(sender, receiver)`: the next request fails to send; the value is the fault's
     /// index, whose receiver then restarts.
     send_failures: BTreeMap<(String, String), usize>,
@@ -1054,6 +1077,17 @@ pub fn take_open_failure(host: &str) -> bool {
     HOST_FAULTS.with(|h| {
         let mut h = h.borrow_mut();
         let Some(left) = h.open_failures.get_mut(host).filter(|n| **n > 0) else { return false };
+        *left -= 1;
+        true
+    })
+}
+
+/// Whether scheduler `host`'s subscription now fails (one of a subscribe-failures
+/// fault's, taken).
+pub fn take_subscribe_failure(host: &str) -> bool {
+    HOST_FAULTS.with(|h| {
+        let mut h = h.borrow_mut();
+        let Some(left) = h.subscribe_failures.get_mut(host).filter(|n| **n > 0) else { return false };
         *left -= 1;
         true
     })
@@ -1191,6 +1225,11 @@ enum Step {
         from: String,
         to: String,
     },
+    /// Scheduler `host`'s next `count` subscriptions fail.
+    FailSubscribes {
+        host: String,
+        count: u32,
+    },
     /// `host`'s next `count` DEALER opens fail.
     FailOpens {
         host: String,
@@ -1301,6 +1340,7 @@ impl FaultDriver {
                 }
                 FaultKind::Oversize { from, to } => push(t, i, Step::Oversize { from, to }),
                 FaultKind::OpenFailures { host, count } => push(t, i, Step::FailOpens { host, count }),
+                FaultKind::SubscribeFailures { host, count } => push(t, i, Step::FailSubscribes { host, count }),
                 FaultKind::PeerExit { host, down_ms } => {
                     push(t, i, Step::Exit { host: host.clone() });
                     push(t + down_ms, i, Step::Restart { host });
@@ -1517,6 +1557,10 @@ impl FaultDriver {
                     *h.borrow_mut().handler_failures.entry((host.clone(), peer.clone())).or_default() += count
                 });
                 rec("fail_handler", &[("host", &host), ("peer", &peer), ("count", &count)]);
+            }
+            Step::FailSubscribes { host, count } => {
+                HOST_FAULTS.with(|h| *h.borrow_mut().subscribe_failures.entry(host.clone()).or_default() += count);
+                rec("subscribe_failures", &[("host", &host), ("count", &count)]);
             }
             Step::FailOpens { host, count } => {
                 HOST_FAULTS.with(|h| *h.borrow_mut().open_failures.entry(host.clone()).or_default() += count);

@@ -142,9 +142,9 @@ fn halved(kind: &FaultKind) -> Option<FaultKind> {
         FaultKind::PeerFlood { count, .. } | FaultKind::InboundFlood { count, .. } => {
             *count = (*count >= 2).then_some(*count / 2)?
         }
-        FaultKind::HandlerFailures { count, .. } | FaultKind::OpenFailures { count, .. } => {
-            *count = (*count >= 2).then_some(*count / 2)?
-        }
+        FaultKind::HandlerFailures { count, .. }
+        | FaultKind::OpenFailures { count, .. }
+        | FaultKind::SubscribeFailures { count, .. } => *count = (*count >= 2).then_some(*count / 2)?,
         FaultKind::ReplaceRace { .. } | FaultKind::ForgedIdentity { .. } | FaultKind::Oversize { .. } => return None,
     }
     Some(k)

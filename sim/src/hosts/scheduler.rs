@@ -305,7 +305,7 @@ impl Host {
         let now = clock::now();
         let host = self.name.as_str();
         match event {
-            SchedulerEvent::Subscribe { consumer, endpoints } => match subscribe(&self.ctx, &endpoints) {
+            SchedulerEvent::Subscribe { consumer, endpoints } => match subscribe(&self.ctx, host, &endpoints) {
                 Ok(pull) => {
                     crate::trace::record(
                         host,
@@ -484,7 +484,11 @@ fn check_every_shard_published(host: &str, consumer: usize, ranks: &[String], tr
     }
 }
 
-fn subscribe(ctx: &Context, endpoints: &[String]) -> Result<Socket, String> {
+fn subscribe(ctx: &Context, host: &str, endpoints: &[String]) -> Result<Socket, String> {
+    if crate::faults::take_subscribe_failure(host) {
+        crate::trace::record(host, "ec.subscribe_failed", &[("shards", &endpoints.len())]);
+        return Err("Too many open files (a subscribe-failures fault)".into());
+    }
     let pull = Socket::new(ctx, SocketType::Pull, SocketOptions::default());
     for ep in endpoints {
         let target = world::resolve(ep).ok_or_else(|| format!("no host serves {ep}"))?;
