@@ -322,14 +322,6 @@ impl RequestSlot {
     }
 }
 
-/// `control_timeout_s` to milliseconds as the reference: `max(1, ceil(s * 1000))`.
-pub fn timeout_ms(seconds: f64) -> u64 {
-    if !seconds.is_finite() || seconds <= 0.0 {
-        return 1;
-    }
-    ((seconds * 1000.0).ceil() as u64).max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,12 +443,5 @@ mod tests {
         assert_eq!(end(&mut slot, 2, Ending::Reply(OK)).result, Err(Failure::Stale), "nothing outstanding");
         assert!(!end(&mut slot, 1, Ending::Transport(Refused)).discard_socket, "generation 1 is gone already");
         assert!(slot.begin(Instant::from_secs(32)).is_ok_and(|b| !b.open));
-    }
-
-    #[test]
-    fn timeout_ms_rounds_up() {
-        assert_eq!(timeout_ms(30.0), 30000);
-        assert_eq!(timeout_ms(0.0004), 1);
-        assert_eq!(timeout_ms(0.4), 400);
     }
 }
