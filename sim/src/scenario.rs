@@ -609,6 +609,8 @@ mod tests {
                 open_failures: off,
                 scheduler_garbage: off,
                 inbound_flood: off,
+                peer_exit: off,
+                subscribe_failures: off,
                 ..p.swarm
             };
             assert_eq!(extra, base.swarm, "seed {seed}: the base kinds are switched as before");
