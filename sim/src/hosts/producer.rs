@@ -13,6 +13,10 @@
 //! `push-settled` (ec-behaviour.md S17, S18): the driver releases a batch's source when the
 //! coordinator reports the batch done, so none of the requests or writes the host carries
 //! for that batch may still be outstanding then.
+//!
+//! `push-orphaned` (S20): a batch the coordinator accepted as an orphan (its producer
+//! request gave up before the encoder output was bound) neither takes its source later nor
+//! writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -96,6 +100,8 @@ pub async fn run(host: String) -> turmoil::Result {
     let mut binds: BTreeMap<Instant, Vec<_>> = BTreeMap::new();
     // Producer requests that finish at a deadline, bound or not (`Knobs::producer_request_timeout`).
     let mut deadlines: BTreeMap<Instant, Vec<BatchId>> = BTreeMap::new();
+    // Batches the coordinator accepted as orphans (`push-orphaned`).
+    let mut orphaned: BTreeSet<BatchId> = BTreeSet::new();
     let mut batches = BTreeMap::new();
     // For the announcement oracle: each batch's consumer and its ranks' incarnations when
     // it began, the item each write is for, and the writes that landed per item.
@@ -137,8 +143,16 @@ pub async fn run(host: String) -> turmoil::Result {
         }
         while let Some(entry) = binds.first_entry().filter(|e| *e.key() <= now) {
             for id in entry.remove() {
-                if let Err(e) = coordinator.bind_source(id, now) {
-                    tracing::debug!(%host, error = %e, "source bound to a finished batch");
+                match coordinator.bind_source(id, now) {
+                    Err(e) => tracing::debug!(%host, error = %e, "source bound to a finished batch"),
+                    Ok(()) if orphaned.contains(&id) => crate::oracle::violate(
+                        "push-orphaned",
+                        &host,
+                        format!(
+                            "{id} took its source after it was orphaned: the push goes on for a request that gave up"
+                        ),
+                    ),
+                    Ok(()) => {}
                 }
             }
         }
@@ -147,6 +161,7 @@ pub async fn run(host: String) -> turmoil::Result {
                 // A batch whose source is bound, or that is already done, is not orphaned.
                 if coordinator.orphan(id, now).is_ok() {
                     crate::trace::record(&host, "ec.push_orphaned", &[("batch", &id)]);
+                    orphaned.insert(id);
                 }
             }
         }
@@ -180,6 +195,16 @@ pub async fn run(host: String) -> turmoil::Result {
                     });
                 }
                 Transmit::Write { token, session, dst_ptr, nbytes, item } => {
+                    if orphaned.contains(&item.batch) {
+                        crate::oracle::violate(
+                            "push-orphaned",
+                            &host,
+                            format!(
+                                "{} wrote item {} after it was orphaned, with no source to write",
+                                item.batch, item.index
+                            ),
+                        );
+                    }
                     write_items.insert(token, item);
                     outstanding.insert(token, (item.batch, "write"));
                     let (tx, host) = (tx.clone(), host.clone());
@@ -206,6 +231,7 @@ pub async fn run(host: String) -> turmoil::Result {
                 );
             }
             crate::push_returns::done(&host, batch);
+            orphaned.remove(&batch);
             attempts.batch_done(&host, batch);
             batch_of.retain(|_, b| *b != batch);
             let request = batches.remove(&batch).unwrap_or(u64::MAX);
