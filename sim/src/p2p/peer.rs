@@ -730,8 +730,15 @@ impl Peer {
                 ("peer_id", value::Value::from(claims)),
             ]))
         };
+        // A hostile sender also tries a message of two frames, which the receiver's
+        // registry must drop and count (`p2p-message-accounting`).
+        let multipart = (!on_own_host).then(|| vec![frame.clone(), frame.clone()]);
         let sent = connected.and_then(|()| dealer.try_send(vec![frame]));
         trace::record(&self.name, "p2p.forged_sent", &[("to", &to), ("claims", &claims), ("ok", &sent.is_ok())]);
+        if let Some(frames) = multipart.filter(|_| sent.is_ok()) {
+            let sent = dealer.try_send(frames);
+            trace::record(&self.name, "p2p.multipart_sent", &[("to", &to), ("ok", &sent.is_ok())]);
+        }
         self.forged.push(dealer);
     }
 
