@@ -1064,33 +1064,25 @@ pub fn take_exit(host: &str) -> bool {
 /// Whether the load scheduler `host` begins now goes unreported (one of a lost-loads
 /// fault's, taken).
 pub fn take_lost_load(host: &str) -> bool {
-    HOST_FAULTS.with(|h| {
-        let mut h = h.borrow_mut();
-        let Some(left) = h.loads_lost.get_mut(host).filter(|n| **n > 0) else { return false };
-        *left -= 1;
-        true
-    })
+    HOST_FAULTS.with(|h| take_one(&mut h.borrow_mut().loads_lost, host))
 }
 
 /// Whether `host`'s DEALER open now fails (one of an open-failures fault's, taken).
 pub fn take_open_failure(host: &str) -> bool {
-    HOST_FAULTS.with(|h| {
-        let mut h = h.borrow_mut();
-        let Some(left) = h.open_failures.get_mut(host).filter(|n| **n > 0) else { return false };
-        *left -= 1;
-        true
-    })
+    HOST_FAULTS.with(|h| take_one(&mut h.borrow_mut().open_failures, host))
+}
+
+/// Takes one of `host`'s remaining failures in `left`, if any.
+fn take_one(left: &mut BTreeMap<String, u32>, host: &str) -> bool {
+    let Some(n) = left.get_mut(host).filter(|n| **n > 0) else { return false };
+    *n -= 1;
+    true
 }
 
 /// Whether scheduler `host`'s subscription now fails (one of a subscribe-failures
 /// fault's, taken).
 pub fn take_subscribe_failure(host: &str) -> bool {
-    HOST_FAULTS.with(|h| {
-        let mut h = h.borrow_mut();
-        let Some(left) = h.subscribe_failures.get_mut(host).filter(|n| **n > 0) else { return false };
-        *left -= 1;
-        true
-    })
+    HOST_FAULTS.with(|h| take_one(&mut h.borrow_mut().subscribe_failures, host))
 }
 
 /// Whether `host` owes `peer` a message above the frame limit now (taken once).

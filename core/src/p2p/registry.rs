@@ -150,6 +150,14 @@ pub struct PollInput {
     pub monitor: Vec<(ConnId, MonitorEvent)>,
 }
 
+impl PollInput {
+    /// The ROUTER messages as `poll_frames` takes them, each with its source address.
+    pub fn router_messages(&self) -> impl Iterator<Item = (&[Vec<u8>], Option<&str>)> + '_ {
+        let sources = self.sources.iter().map(Option::as_deref).chain(std::iter::repeat(None));
+        self.router.iter().map(Vec::as_slice).zip(sources)
+    }
+}
+
 /// Why `connect` or `send` refused.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum TransportError {
@@ -413,8 +421,7 @@ impl ConnectionRegistry {
     /// first keeps a reconnecting peer's first message out of a dead registration (S2);
     /// sweeping again before accept retires peers that died in this poll.
     pub fn poll(&mut self, input: PollInput) -> Vec<String> {
-        let sources = input.sources.iter().map(Option::as_deref).chain(std::iter::repeat(None));
-        self.poll_frames(input.router.iter().map(Vec::as_slice).zip(sources), &input.monitor)
+        self.poll_frames(input.router_messages(), &input.monitor)
     }
 
     /// [`Self::poll`] over ROUTER messages whose frames the driver still holds (libzmq's

@@ -253,8 +253,7 @@ impl<R: RngCore> PeerManager<R> {
     /// What one poll of the sockets held, as owned frames: [`Self::handle_frames`] over
     /// them (the simulator's peers and the tests hand frames in this way).
     pub fn handle_sockets(&mut self, input: PollInput) {
-        let sources = input.sources.iter().map(Option::as_deref).chain(std::iter::repeat(None));
-        self.handle_frames(input.router.iter().map(Vec::as_slice).zip(sources), &input.monitor);
+        self.handle_frames(input.router_messages(), &input.monitor);
     }
 
     /// What one poll of the sockets held, over ROUTER messages the driver still holds (see
