@@ -33,6 +33,10 @@
 #            again; the other files keep theirs.
 #   --no-reach  run every mutant, reached or not (no coverage pass)
 #
+# Mutants run in random order (cargo-mutants' --shuffle): a run stopped part-way has judged
+# a uniform sample of the mutants it had left, so the table's estimate for the rest
+# (scripts/mutation_table.py --listed) is not skewed toward the files listed first.
+#
 # Mutants are built in place in a copy of the checkout, target/mutation-tree, which keeps
 # its build between mutants and between runs: a mutant costs an incremental rebuild of
 # core and the simulator (a few seconds, profile `mutants` in Cargo.toml) instead of a
@@ -218,7 +222,7 @@ fi
 echo "== cargo mutants over ${#files[@]} decision modules, the seeded suite of $seeds seeds as the only test (timeout ${timeout} s)"
 # Exit status 2 (survivors) and 3 (timeouts) are results, not failures of the job.
 set +e
-cargo mutants "${args[@]}" -- -- "$test_name" --exact
+cargo mutants "${args[@]}" --shuffle -- -- "$test_name" --exact
 status=$?
 set -e
 case "$status" in

@@ -21,7 +21,11 @@ report does not; listing it says where the main job's workload never goes.
 
 A line with no code region (a comment, a declaration, a constant) is not instrumented and
 decides nothing here: a mutant with only such lines is tried as usual. Nor does a `const
-fn`: what the compiler evaluates leaves no count, so its mutants are always tried.
+fn`: what the compiler evaluates leaves no count, so its mutants are always tried. Nor
+does a match arm's guard (cargo-mutants' `MatchArmGuard`): llvm-cov counts the guard's
+line as its arm's body, so a guard that is tested and never true (a regression switch
+that is off) reads as a line that never ran, while replacing it with `true` changes
+what every run through that match does.
 
 Exit status: 0, 2 for an unreadable or malformed file."""
 
@@ -100,6 +104,8 @@ def unreached(counts: dict[str, dict[int, int]], mutants: list[dict], paths: dic
         lines = counts.get(mutant["file"], {})
         span = mutant["span"]
         seen = [lines[n] for n in range(span["start"]["line"], span["end"]["line"] + 1) if n in lines]
+        if mutant.get("genre") == "MatchArmGuard":
+            continue
         if seen and max(seen) == 0 and not is_const_fn(mutant, source, paths):
             names.append(mutant["name"])
     return names

@@ -50,6 +50,16 @@ def test_a_mutant_is_unreached_only_when_its_lines_hold_code_and_none_ran() -> N
     assert mutation_reach.unreached(counts, mutants) == ["never ran", "line 10 alone"]
 
 
+def test_a_match_arm_guard_is_always_tried() -> None:
+    # The guard's line reads 0 when the guard is tested and never true.
+    counts = mutation_reach.line_counts(LCOV)
+    guard = mutant("guard with true", "core/src/ec/a.rs", 20, 20)
+    guard["genre"] = "MatchArmGuard"
+    operator = mutant("operator on the same line", "core/src/ec/a.rs", 20, 20)
+    operator["genre"] = "BinaryOperator"
+    assert mutation_reach.unreached(counts, [guard, operator]) == ["operator on the same line"]
+
+
 def test_a_const_fn_is_always_tried(tmp_path: Path, monkeypatch) -> None:
     src = tmp_path / "core/src/ec"
     src.mkdir(parents=True)
