@@ -113,7 +113,11 @@ print_table() {
     local reports=("$out"/outcomes-*.json)
     shopt -u nullglob
     [[ -f "$out/mutants.out/outcomes.json" ]] && reports+=("$out/mutants.out/outcomes.json")
-    python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "${reports[@]}" | tee "$out/table.md"
+    # A resumed run's listing is the whole run's: the table projects what is left.
+    local listed=()
+    [[ "$iterate" == 1 ]] && listed=(--listed "$out/listed.txt")
+    python3 scripts/mutation_table.py --equivalent scripts/mutation-equivalent.txt "${listed[@]}" "${reports[@]}" |
+        tee "$out/table.md"
 }
 common=(-p ctlplane-core --test-package ctlplane-sim --cargo-arg=--test=suite --profile mutants
         --in-place --baseline skip)

@@ -7,7 +7,7 @@ rate among the viable; then every survivor by name, the unreached apart.
 Several outcomes.json files (the shards of one run) merge into one table; a mutant found
 in more than one file counts once, with its outcome in the last file named.
 
-    mutation_table.py [--min-kill-rate PCT] [--equivalent LIST] OUTCOMES_JSON...
+    mutation_table.py [--min-kill-rate PCT] [--equivalent LIST] [--listed LISTED] OUTCOMES_JSON...
     mutation_table.py --pending LISTED [--skip-survivors] [--skip-unreached] OUTCOMES_JSON...
     mutation_table.py --prune FILE[,FILE...] OUTCOMES_JSON...
 
@@ -16,6 +16,13 @@ comment: the reason): survivors named there are listed apart and left out of the
 gate applies, killed among the viable that are not equivalent. A name without its
 `:line:col` (`core/src/a.rs: replace f -> bool with true`) names that mutation of that
 function wherever it sits, so an edit elsewhere in the file does not unjudge it.
+
+`--listed` names the run's whole listing (`cargo mutants --list`, DIR/listed.txt): while
+some of it is not judged yet, the table ends with a projection for the whole run. The
+mutants left are taken as reached (the script checks the unreached ones before it runs
+any), as often viable as those judged, and killed at the rate of the reached, viable,
+non-equivalent mutants judged so far (Wilson 95% interval); a run in shuffled order makes
+those a uniform sample of what was left. None of the rest is taken as equivalent.
 
 `--pending` prints, as one anchored regular expression for cargo-mutants' `--re`, the
 mutants named in LISTED (`cargo mutants --list`) that no outcome marks killed or unviable
@@ -80,6 +87,44 @@ class Table:
         self.unreached = [name for name in self.unreached if not judged(name)]
 
 
+def wilson(killed: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion `killed / n` (95% by default)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = killed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def projection(table: Table, listed: list[str], judged: set[str]) -> str | None:
+    """The whole run's kill rate (viable, non-equivalent, unreached counted as survivors)
+    if the mutants of `listed` not yet judged fare as the reached ones judged so far;
+    None when nothing is left."""
+    left = sum(1 for name in listed if name not in judged)
+    if left == 0:
+        return None
+    total = table.total()
+    killed = total["killed"]
+    reached = killed + total["timeout"] + len(table.survivors)
+    viable_share = total["viable"] / total["mutants"] if total["mutants"] else 1.0
+    seen = total["viable"] - len(table.equivalent)
+    expected_viable = left * viable_share
+
+    def whole(rate: float) -> float:
+        return 100 * (killed + expected_viable * rate) / (seen + expected_viable)
+
+    rate = killed / reached if reached else 0.0
+    low, high = wilson(killed, reached)
+    return (
+        f"\nNot judged yet: {left} of the {len(listed)} mutants listed. Of the {reached} reached, "
+        f"non-equivalent viable mutants judged, {100 * rate:.0f}% were killed (95% interval "
+        f"{100 * low:.0f}-{100 * high:.0f}%); if the rest fare alike, the whole run kills "
+        f"{whole(rate):.0f}% ({whole(low):.0f}-{whole(high):.0f}%) of its viable mutants not judged "
+        "equivalent, unreached counted as survivors."
+    )
+
+
 def without_position(name: str) -> str:
     """A mutant's name without its line and column (`core/src/a.rs: replace ...`): the
     form a judgement takes when it holds wherever the function's lines move."""
@@ -135,6 +180,15 @@ def pending_regex(
         and outcome.get("summary") in judged
     }
     return names_regex([name for name in listed if name not in done])
+
+
+def outcome_names(report: dict) -> list[str]:
+    """The names of the mutants a report judged (the baseline left out)."""
+    return [
+        outcome["scenario"]["Mutant"].get("name", "")
+        for outcome in report.get("outcomes", [])
+        if isinstance(outcome.get("scenario"), dict) and "Mutant" in outcome["scenario"]
+    ]
 
 
 def prune(report: dict, files: set[str]) -> int:
@@ -194,6 +248,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--skip-unreached", action="store_true")
     parser.add_argument("--equivalent", default=None, metavar="LIST")
     parser.add_argument("--prune", default=None, metavar="FILES")
+    parser.add_argument("--listed", default=None, metavar="LISTED")
     parser.add_argument("outcomes", nargs="*", metavar="OUTCOMES_JSON")
     args = parser.parse_args(argv)
     if args.pending is None and not args.outcomes:
@@ -217,13 +272,16 @@ def main(argv: list[str]) -> int:
             dropped += n
         print(dropped)
         return 0
-    if args.pending is not None:
+    listing = args.pending if args.pending is not None else args.listed
+    listed: list[str] = []
+    if listing is not None:
         try:
-            with open(args.pending, encoding="utf-8") as f:
+            with open(listing, encoding="utf-8") as f:
                 listed = [line.strip() for line in f if line.strip()]
         except OSError as e:
-            print(f"mutation_table.py: cannot read {args.pending}: {e}", file=sys.stderr)
+            print(f"mutation_table.py: cannot read {listing}: {e}", file=sys.stderr)
             return 2
+    if args.pending is not None:
         print(pending_regex(listed, reports, args.skip_survivors, args.skip_unreached))
         return 0
     table = merge(reports)
@@ -236,6 +294,11 @@ def main(argv: list[str]) -> int:
             return 2
         table.set_aside(names - {""})
     print(render(table))
+    if args.listed is not None:
+        judged = {name for report in reports for name in outcome_names(report)}
+        shown = projection(table, listed, judged)
+        if shown is not None:
+            print(shown)
     rate = table.judged_rate() if args.equivalent is not None else table.kill_rate()
     if args.min_kill_rate is not None and (rate is None or rate < args.min_kill_rate):
         shown = "no viable mutant" if rate is None else f"{rate:.1f}%"

@@ -165,3 +165,21 @@ def test_a_judgement_without_line_and_column_holds_wherever_the_function_moves(t
     out = capsys.readouterr().out
     assert "Equivalent survivors (1):\n- a.rs:40:9: replace g -> usize with 0" in out
     assert "Survivors (1):\n- a.rs:41:9: replace g -> usize with 1" in out, "a name with a position must match it"
+
+
+def test_a_partial_run_projects_the_whole_from_the_reached_mutants_judged(tmp_path: Path, capsys) -> None:
+    path = run_of(tmp_path, *(["CaughtMutant"] * 8), "MissedMutant", "Unreached", "Unviable")
+    names = [f"a.rs:{i}:5: replace f -> bool with true" for i in range(1, 23)]
+    listed = tmp_path / "listed.txt"
+    listed.write_text("".join(f"{n}\n" for n in names))
+    assert mutation_table.main(["--listed", str(listed), path]) == 0
+    out = capsys.readouterr().out
+    # 11 left; 10 of the 11 judged were viable, so 10 of them are expected viable, killed
+    # at 8 of the 9 reached: (8 + 10 * 8/9) / (10 + 10) = 84%. Wilson 8/9: 56.5%-98.0%.
+    assert "Not judged yet: 11 of the 22 mutants listed" in out
+    assert "Of the 9 reached, non-equivalent viable mutants judged, 89% were killed (95% interval 56-98%)" in out
+    assert "the whole run kills 84% (68-89%)" in out
+    listed.write_text("".join(f"{n}\n" for n in names[:11]))
+    assert mutation_table.main(["--listed", str(listed), path]) == 0
+    assert "Not judged yet" not in capsys.readouterr().out
+    assert mutation_table.main(["--listed", str(tmp_path / "missing.txt"), path]) == 2
