@@ -143,9 +143,10 @@ impl ConsumerShardServer {
         dict.set_item("events_dropped", stats.events_dropped)?;
         dict.set_item("reaps", stats.reaps)?;
         dict.set_item("ready_log_dropped", stats.ready_log_dropped)?;
-        let (active, tombstones) = self.with_shard(|shard| (shard.book().len(), shard.book().tombstone_count()))?;
-        dict.set_item("records", active)?;
-        dict.set_item("tombstones", tombstones)?;
+        let census = self.with_shard(|shard| shard.book().census())?;
+        dict.set_item("records", census.live)?;
+        dict.set_item("tombstones", census.tombstones)?;
+        dict.set_item("writer_owned", census.writer_owned)?;
         Ok(dict)
     }
 }

@@ -119,6 +119,19 @@ def test_drain_ready_hands_the_engine_every_ready_transfer_once(shard, client):
     assert shard.stats()["ready_log_dropped"] == 0
 
 
+def test_stats_count_live_records_apart_from_tombstones(shard, client):
+    addr = addr_of(shard)
+    granted = client.request(addr, reserve_req(20))
+    census = {k: shard.stats()[k] for k in ("records", "tombstones", "writer_owned")}
+    assert census == {"records": 1, "tombstones": 0, "writer_owned": 1}
+    client.request(addr, {"op": "complete", "transfer_id": tid(20), "reservation_id": granted["reservation_id"]})
+    census = {k: shard.stats()[k] for k in ("records", "tombstones", "writer_owned")}
+    assert census == {"records": 1, "tombstones": 0, "writer_owned": 0}  # READY
+    assert client.request(addr, ec.make_cancel_request(tid(20))) == {"cancelled": True}
+    census = {k: shard.stats()[k] for k in ("records", "tombstones", "writer_owned")}
+    assert census == {"records": 0, "tombstones": 1, "writer_owned": 0}
+
+
 def test_server_errors_are_runtime_errors(shard, client):
     addr = addr_of(shard)
     with pytest.raises(RuntimeError, match="unknown control op"):

@@ -38,7 +38,7 @@ pub(crate) mod writer_index;
 pub use config::{ConfigError, PortPlan};
 pub use dtype::DType;
 pub use reservations::{
-    BookConfig, FollowerCompletion, ReservationBook, ReserveError, ReserveRef, ReserveRequest, Reserved,
+    BookConfig, Census, FollowerCompletion, ReservationBook, ReserveError, ReserveRef, ReserveRequest, Reserved,
 };
 pub use serve_step::ServeStep;
 pub use shard::{ConsumerShard, ShardConfig, ShardStats};

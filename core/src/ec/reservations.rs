@@ -184,6 +184,17 @@ pub struct Status {
 
 /// [`Status`] borrowed from the book, for writers that skip the owned copy (readiness
 /// events are encoded from it while the completion still holds the record).
+/// The book's records by kind: what a consumer's `stats` reports beside its counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Records not yet terminal: WRITING, READY or deferred.
+    pub live: usize,
+    /// Terminal records kept as tombstones.
+    pub tombstones: usize,
+    /// Records a remote writer may still write into.
+    pub writer_owned: usize,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatusView<'a> {
     pub mm_hash: &'a MmHash,
@@ -936,6 +947,12 @@ impl<R: RngCore> ReservationBook<R> {
         }
     }
 
+    /// What the book holds, as the drivers' `stats` report it.
+    pub fn census(&self) -> Census {
+        let tombstones = self.tombstone_count();
+        Census { live: self.len() - tombstones, tombstones, writer_owned: self.writer_owned_count() }
+    }
+
     /// Records a remote writer may still write into; shutdown waits for zero.
     pub fn writer_owned_count(&self) -> usize {
         self.records.values().filter(|r| r.state.is_writer_owned()).count()
@@ -1233,6 +1250,16 @@ impl<R: RngCore> ReservationBook<R> {
                     leases.get(&id)
                 ));
             }
+        }
+        // The census the drivers report, counted record by record.
+        let states = || self.records.values().map(|r| r.state);
+        let counted = Census {
+            live: states().filter(|s| !s.is_terminal()).count(),
+            tombstones: states().filter(|s| s.is_terminal()).count(),
+            writer_owned: states().filter(|s| s.is_writer_owned()).count(),
+        };
+        if self.census() != counted {
+            return Err(format!("census {:?}, the records hold {counted:?}", self.census()));
         }
         if self.tombstones.len() > self.config.tombstone_limit {
             return Err(format!("{} tombstones over the limit {}", self.tombstones.len(), self.config.tombstone_limit));

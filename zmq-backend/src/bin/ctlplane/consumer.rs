@@ -111,16 +111,16 @@ fn print_stats(servers: &ConsumerServers) -> std::io::Result<()> {
     for (rank, server) in servers.servers().iter().enumerate() {
         let line = server.with_shard(|shard| {
             let stats = shard.stats();
-            let book = shard.book();
+            let census = shard.book().census();
             serde_json::json!({
                 "rank": rank,
                 "requests": stats.requests,
                 "error_replies": stats.error_replies,
                 "malformed": stats.malformed,
                 "events_queued": stats.events_queued,
-                "records": book.len() - book.tombstone_count(),
-                "tombstones": book.tombstone_count(),
-                "writer_owned": book.writer_owned_count(),
+                "records": census.live,
+                "tombstones": census.tombstones,
+                "writer_owned": census.writer_owned,
             })
         });
         writeln!(out, "{line}")?;
