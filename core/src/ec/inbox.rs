@@ -181,11 +181,6 @@ impl Inbox {
         Inbox { state: InboxState::Unsubscribed, shard_count: 1, regressions }
     }
 
-    /// The regression switches.
-    pub fn regressions(&self) -> InboxRegressions {
-        self.regressions
-    }
-
     /// A drain of the consumer at `base` began. Never blocks: at most it asks for a
     /// background discovery pass over every shard (reusing a topology `cache` already
     /// confirmed; only `base` under the S6 regression), so the first drain of a healthy

@@ -1039,11 +1039,6 @@ impl PushCoordinator {
         self.batches.is_empty() && self.outbox.is_empty() && self.in_flight.is_empty() && self.events.is_empty()
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &PushConfig {
-        &self.config
-    }
-
     /// Applies one answer to its batch.
     fn settle(&mut self, id: BatchId, kind: OpKind, reply: Result<Value, ReplyError>) {
         let Some(batch) = self.batches.get_mut(&id) else { return };

@@ -300,6 +300,7 @@ impl Readiness {
     }
 
     /// Partially-ready transfers held.
+    #[cfg(test)]
     pub fn partial_count(&self) -> usize {
         self.partial.len()
     }

@@ -92,13 +92,6 @@ impl ConsumerId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RequestId(u64);
 
-impl RequestId {
-    /// The raw number (unique per scheduler).
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
 pub use super::token::Token;
 
 /// A sequence of control requests with at most one in flight: the driver may serve each
@@ -427,11 +420,6 @@ impl Scheduler {
     /// The consumer's readiness table.
     pub fn readiness(&self, consumer: ConsumerId) -> Option<&Readiness> {
         self.consumers.get(consumer.0).map(|c| &c.readiness)
-    }
-
-    /// The confirmed consumer topologies.
-    pub fn topology(&self) -> &TopologyCache {
-        &self.topology
     }
 
     /// Requests not yet done.
