@@ -26,6 +26,7 @@ pub mod push_returns;
 pub mod records_reaped;
 pub mod release;
 pub mod scenario;
+pub mod scheduler_quiet;
 pub mod shard_counters;
 pub mod shrink;
 pub mod shutdown;

@@ -174,9 +174,11 @@ pub async fn run(host: String) -> turmoil::Result {
         }
         if !checked && now >= check_at {
             h.finished.check_reaped(&h.name, &h.core, now);
+            crate::scheduler_quiet::check_settled(&h.name, &h.core, now);
             checked = true;
         }
         h.pump().await;
+        crate::scheduler_quiet::check_busy(&h.name, &h.core, h.in_flight.len(), now);
         let wake = h
             .core
             .poll_timeout()
