@@ -2,7 +2,8 @@
 //! (`Scheduler::is_quiet`, on which the libzmq `ctlplane push` command stops) agrees with
 //! what its host sees.
 //!
-//! - While a remote cancel the host sent is unanswered, the scheduler is not quiet.
+//! - While a control request the host sent (a discovery or a remote cancel) is unanswered,
+//!   the scheduler is not quiet.
 //! - Late in the quiet phase, long after the last fault healed and the last request of the
 //!   workload was answered, it is: a control request or remote cancel still pending then is
 //!   work that never finishes, with no fault left to excuse it, and no other oracle looks
@@ -15,14 +16,14 @@ use crate::oracle::violate;
 
 const ORACLE: &str = "scheduler-quiet";
 
-/// After the host sent what `core` asked: `unanswered` remote cancels it sent have no
+/// After the host sent what `core` asked: `unanswered` control requests it sent have no
 /// reply yet.
 pub fn check_busy(host: &str, core: &Scheduler, unanswered: usize, now: Instant) {
     if unanswered > 0 && core.is_quiet() {
         violate(
             ORACLE,
             host,
-            format!("at {now} the scheduler reports quiet with {unanswered} remote cancels unanswered"),
+            format!("at {now} the scheduler reports quiet with {unanswered} control requests unanswered"),
         );
     }
 }

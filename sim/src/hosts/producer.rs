@@ -174,11 +174,17 @@ pub async fn run(host: String) -> turmoil::Result {
                         outstanding.insert(token, (batch, op));
                     }
                     // The coordinator never has more in flight to one address than there
-                    // are clients; a request with none idle would fail the REQ lockstep.
-                    let slot = (0..clients.len())
+                    // are clients (`max_requests_per_shard`): a REQ socket carries one
+                    // request at a time, and one with none idle fails the lockstep.
+                    let idle = (0..clients.len())
                         .filter(|&i| !socket_busy.contains(&(i, addr.clone())))
-                        .min_by_key(|&i| last_used.get(&(i, addr.clone())).copied().unwrap_or(0))
-                        .unwrap_or(0);
+                        .min_by_key(|&i| last_used.get(&(i, addr.clone())).copied().unwrap_or(0));
+                    let slot = idle.unwrap_or_else(|| {
+                        let detail =
+                            format!("the coordinator sent a request to {addr} with all {} sockets busy", clients.len());
+                        crate::oracle::violate("req-lockstep", &host, detail);
+                        0
+                    });
                     handed += 1;
                     last_used.insert((slot, addr.clone()), handed);
                     socket_busy.insert((slot, addr.clone()));

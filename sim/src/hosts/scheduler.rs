@@ -60,6 +60,8 @@ struct Host {
     /// (`cancel-attempts`).
     lanes: BTreeMap<ConsumerId, CancelLane>,
     in_flight: BTreeMap<Token, ConsumerId>,
+    /// Control requests of either lane sent in the background and not answered yet.
+    unanswered: BTreeSet<Token>,
 }
 
 /// How long before the end of the run a lost load must have begun, past its LOADING
@@ -126,6 +128,7 @@ pub async fn run(host: String) -> turmoil::Result {
         aborted: BTreeSet::new(),
         lanes: BTreeMap::new(),
         in_flight: BTreeMap::new(),
+        unanswered: BTreeSet::new(),
     };
     // Client aborts, in time order (`WorkloadConfig::abort`).
     let mut aborts: Vec<(Instant, usize)> =
@@ -178,7 +181,7 @@ pub async fn run(host: String) -> turmoil::Result {
             checked = true;
         }
         h.pump().await;
-        crate::scheduler_quiet::check_busy(&h.name, &h.core, h.in_flight.len(), now);
+        crate::scheduler_quiet::check_busy(&h.name, &h.core, h.unanswered.len(), now);
         let wake = h
             .core
             .poll_timeout()
@@ -203,6 +206,7 @@ pub async fn run(host: String) -> turmoil::Result {
         for m in batch {
             match m {
                 Msg::Reply(token, reply) => {
+                    h.unanswered.remove(&token);
                     h.note_reply(token, reply.is_ok());
                     h.core.handle_reply(token, reply, now)
                 }
@@ -296,6 +300,7 @@ impl Host {
             self.core.handle_reply(t.token, reply, clock::now());
             return;
         }
+        self.unanswered.insert(t.token);
         let tx = self.tx.clone();
         tokio::task::spawn_local(async move {
             let reply = client.request(&t.addr, t.frame).await.map_err(|e| e.to_string());
