@@ -11,7 +11,7 @@
 //! bound is reached. Counted from what the host sends and receives, with the bounds named
 //! here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ctlplane_core::ec::producer::{BatchId, Token, CANCEL_ATTEMPTS};
 use ctlplane_core::ec::topology::DISCOVERY_ATTEMPTS;
@@ -188,8 +188,10 @@ impl ProducerRetries {
     }
 
     /// `batch` reported done: none of its requests will be retried any more, so one that
-    /// failed fewer times than its bound was given up early.
-    pub fn batch_done(&mut self, host: &str, batch: BatchId) {
+    /// failed fewer times than its bound was given up early. Returns the transfer ids whose
+    /// cancel failed at its bound: the consumer keeps those reservations until the TTL.
+    pub fn batch_done(&mut self, host: &str, batch: BatchId) -> BTreeSet<String> {
+        let mut kept = BTreeSet::new();
         let keys: Vec<Key> = self
             .tries
             .range((batch, String::new(), Vec::new())..)
@@ -199,6 +201,11 @@ impl ProducerRetries {
         for key in keys {
             let Some((attempts, failed)) = self.tries.remove(&key) else { continue };
             let limit = bound(&key.2, self.judge_peers).unwrap_or(0);
+            if failed == Some(true) && attempts >= limit {
+                if let Ok(Request::Cancel { transfer_id, .. }) = decode_request(&key.2, usize::MAX) {
+                    kept.insert(transfer_id);
+                }
+            }
             if failed == Some(true) && attempts < limit {
                 violate(
                     ORACLE,
@@ -211,5 +218,6 @@ impl ProducerRetries {
                 );
             }
         }
+        kept
     }
 }

@@ -63,20 +63,25 @@ pub fn check(end_ns: u64) {
 /// this push land, and one reported `Skipped` (the consumer cancelled first, another
 /// writer or a resident copy serves it, or its source was never bound) had none. The
 /// caller acts on these (a skipped item is not written again, a pushed one is announced),
-/// so an outcome that misstates the write misleads it. `landed[i]` counts item `i`'s
-/// landed writes, as the producer host carried them.
-pub fn check_outcomes(host: &str, batch: BatchId, outcomes: &[ItemOutcome], landed: &[usize]) {
+/// so an outcome that misstates the write misleads it. Nor is an item reported `Skipped`
+/// when a cancel of its reservations failed at its bound (S20: a skip whose release failed
+/// is a failure, since the consumer keeps the reservation until its TTL). `landed[i]`
+/// counts item `i`'s landed writes, as the producer host carried them; `release_failed[i]`
+/// says whether one of its cancels was given up.
+pub fn check_outcomes(host: &str, batch: BatchId, outcomes: &[ItemOutcome], landed: &[usize], release_failed: &[bool]) {
     for (index, (outcome, &writes)) in outcomes.iter().zip(landed).enumerate() {
+        let kept = release_failed.get(index).copied().unwrap_or(false);
         let wrong = match outcome {
             ItemOutcome::Pushed => writes == 0,
-            ItemOutcome::Skipped { .. } => writes > 0,
+            ItemOutcome::Skipped { .. } => writes > 0 || kept,
             ItemOutcome::Failed { .. } => false,
         };
         if wrong {
+            let kept = if kept { ", and a cancel of its reservation failed at its bound" } else { "" };
             violate(
                 "push-outcome",
                 host,
-                format!("{batch} item {index} reported {outcome:?} after {writes} landed write(s) of this push"),
+                format!("{batch} item {index} reported {outcome:?} after {writes} landed write(s) of this push{kept}"),
             );
         }
     }

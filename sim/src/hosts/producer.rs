@@ -238,7 +238,7 @@ pub async fn run(host: String) -> turmoil::Result {
             }
             crate::push_returns::done(&host, batch);
             orphaned.remove(&batch);
-            attempts.batch_done(&host, batch);
+            let kept = attempts.batch_done(&host, batch);
             batch_of.retain(|_, b| *b != batch);
             let request = batches.remove(&batch).unwrap_or(u64::MAX);
             if let Some(req) = usize::try_from(request).ok().and_then(|r| workload.get(r)) {
@@ -246,7 +246,11 @@ pub async fn run(host: String) -> turmoil::Result {
             }
             let landed: Vec<usize> =
                 (0..outcomes.len()).map(|index| written.remove(&ItemRef { batch, index }).unwrap_or(0)).collect();
-            crate::push_returns::check_outcomes(&host, batch, &outcomes, &landed);
+            let items = usize::try_from(request).ok().and_then(|r| workload.get(r)).map(|req| &req.items[..]);
+            let release_failed: Vec<bool> = (0..outcomes.len())
+                .map(|i| items.and_then(|items| items.get(i)).is_some_and(|item| kept.contains(&item.transfer_id)))
+                .collect();
+            crate::push_returns::check_outcomes(&host, batch, &outcomes, &landed, &release_failed);
             note_pushed(&workload, request, began.remove(&batch), &outcomes, |index| {
                 landed.get(index).copied().unwrap_or(0)
             });
