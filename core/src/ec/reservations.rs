@@ -182,8 +182,6 @@ pub struct Status {
     pub dtype: DType,
 }
 
-/// [`Status`] borrowed from the book, for writers that skip the owned copy (readiness
-/// events are encoded from it while the completion still holds the record).
 /// The book's records by kind: what a consumer's `stats` reports beside its counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Census {
@@ -195,6 +193,8 @@ pub struct Census {
     pub writer_owned: usize,
 }
 
+/// [`Status`] borrowed from the book, for writers that skip the owned copy (readiness
+/// events are encoded from it while the completion still holds the record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatusView<'a> {
     pub mm_hash: &'a MmHash,
