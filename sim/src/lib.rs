@@ -23,6 +23,7 @@ pub mod p2p;
 pub mod perfetto;
 pub mod pool_full;
 pub mod push_returns;
+pub mod ready_ttl;
 pub mod records_reaped;
 pub mod release;
 pub mod scenario;

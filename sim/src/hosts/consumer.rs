@@ -325,7 +325,8 @@ async fn serve(
             clock::sleep(delay).await;
         }
         let mut reply = Vec::new();
-        let step = shard.borrow_mut().serve_request(&frame, clock::now(), &mut reply);
+        let served = clock::now();
+        let step = shard.borrow_mut().serve_request(&frame, served, &mut reply);
         world::with(|w| {
             w.dirty.insert(host.to_string());
             if let Some(session) = w.ranks.get(host).map(|r| r.session.clone()) {
@@ -334,6 +335,7 @@ async fn serve(
         });
         crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
         crate::pool_full::check(host, &frame, &reply, &shard.borrow());
+        crate::ready_ttl::check(host, &frame, &reply, served, &shard.borrow());
         crate::shard_counters::note(host, &frame, &reply, &shard.borrow());
         crate::announce_once::note_answer(host, &frame, &reply);
         if step != ServeStep::Reply {
