@@ -300,7 +300,6 @@ impl Readiness {
     }
 
     /// Partially-ready transfers held.
-    #[cfg(test)]
     pub fn partial_count(&self) -> usize {
         self.partial.len()
     }
