@@ -101,11 +101,11 @@ def unreached(counts: dict[str, dict[int, int]], mutants: list[dict], paths: dic
     names = []
     source: dict[str, list[str]] = {}
     for mutant in mutants:
+        if mutant.get("genre") == "MatchArmGuard":
+            continue
         lines = counts.get(mutant["file"], {})
         span = mutant["span"]
         seen = [lines[n] for n in range(span["start"]["line"], span["end"]["line"] + 1) if n in lines]
-        if mutant.get("genre") == "MatchArmGuard":
-            continue
         if seen and max(seen) == 0 and not is_const_fn(mutant, source, paths):
             names.append(mutant["name"])
     return names

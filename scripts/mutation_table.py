@@ -135,13 +135,9 @@ def merge(reports: list[dict]) -> Table:
     """One table from the outcomes of several runs (a later report's outcome wins)."""
     outcomes: dict[str, tuple[str, str | None]] = {}
     for report in reports:
-        for outcome in report.get("outcomes", []):
-            scenario = outcome.get("scenario")
-            if not isinstance(scenario, dict) or "Mutant" not in scenario:
-                continue  # the baseline
-            mutant = scenario["Mutant"]
+        for mutant, summary in mutant_outcomes(report):
             name = mutant.get("name") or f"{mutant.get('file')}: {mutant.get('replacement')}"
-            outcomes[name] = (mutant.get("file", "?"), outcome.get("summary"))
+            outcomes[name] = (mutant.get("file", "?"), summary)
     table = Table()
     for name, (file, summary) in outcomes.items():
         row = table.rows[file]
@@ -172,20 +168,18 @@ def pending_regex(
     judged += ("MissedMutant",) if skip_survivors else ()
     judged += ("Unreached",) if skip_unreached else ()
     done = {
-        outcome["scenario"]["Mutant"].get("name")
+        mutant.get("name")
         for report in reports
-        for outcome in report.get("outcomes", [])
-        if isinstance(outcome.get("scenario"), dict)
-        and "Mutant" in outcome["scenario"]
-        and outcome.get("summary") in judged
+        for mutant, summary in mutant_outcomes(report)
+        if summary in judged
     }
     return names_regex([name for name in listed if name not in done])
 
 
-def outcome_names(report: dict) -> list[str]:
-    """The names of the mutants a report judged (the baseline left out)."""
+def mutant_outcomes(report: dict) -> list[tuple[dict, str | None]]:
+    """Each mutant a report judged, with its summary (the baseline left out)."""
     return [
-        outcome["scenario"]["Mutant"].get("name", "")
+        (outcome["scenario"]["Mutant"], outcome.get("summary"))
         for outcome in report.get("outcomes", [])
         if isinstance(outcome.get("scenario"), dict) and "Mutant" in outcome["scenario"]
     ]
@@ -295,7 +289,7 @@ def main(argv: list[str]) -> int:
         table.set_aside(names - {""})
     print(render(table))
     if args.listed is not None:
-        judged = {name for report in reports for name in outcome_names(report)}
+        judged = {mutant.get("name", "") for report in reports for mutant, _ in mutant_outcomes(report)}
         shown = projection(table, listed, judged)
         if shown is not None:
             print(shown)

@@ -56,12 +56,10 @@ struct Host {
     finished: Finished,
     /// Requests the client aborted: the core resolves none of their items any more.
     aborted: BTreeSet<RequestId>,
-    /// Every consumer's cancel lane, and which lane each request in flight is on
-    /// (`cancel-attempts`).
+    /// Every consumer's cancel lane (`cancel-attempts`), and the lane of each control
+    /// request sent and not answered yet (`scheduler-quiet` counts them).
     lanes: BTreeMap<ConsumerId, CancelLane>,
-    in_flight: BTreeMap<Token, ConsumerId>,
-    /// Control requests of either lane sent in the background and not answered yet.
-    unanswered: BTreeSet<Token>,
+    in_flight: BTreeMap<Token, Lane>,
 }
 
 /// How long before the end of the run a lost load must have begun, past its LOADING
@@ -128,7 +126,6 @@ pub async fn run(host: String) -> turmoil::Result {
         aborted: BTreeSet::new(),
         lanes: BTreeMap::new(),
         in_flight: BTreeMap::new(),
-        unanswered: BTreeSet::new(),
     };
     // Client aborts, in time order (`WorkloadConfig::abort`).
     let mut aborts: Vec<(Instant, usize)> =
@@ -181,7 +178,7 @@ pub async fn run(host: String) -> turmoil::Result {
             checked = true;
         }
         h.pump().await;
-        crate::scheduler_quiet::check_busy(&h.name, &h.core, h.unanswered.len(), now);
+        crate::scheduler_quiet::check_busy(&h.name, &h.core, h.in_flight.len(), now);
         let wake = h
             .core
             .poll_timeout()
@@ -206,7 +203,6 @@ pub async fn run(host: String) -> turmoil::Result {
         for m in batch {
             match m {
                 Msg::Reply(token, reply) => {
-                    h.unanswered.remove(&token);
                     h.note_reply(token, reply.is_ok());
                     h.core.handle_reply(token, reply, now)
                 }
@@ -222,7 +218,7 @@ pub async fn run(host: String) -> turmoil::Result {
 impl Host {
     /// A request of the core was answered (`ok`) or failed: its cancel lane counts it.
     fn note_reply(&mut self, token: Token, ok: bool) {
-        if let Some(c) = self.in_flight.remove(&token) {
+        if let Some(Lane::Cancel(c)) = self.in_flight.remove(&token) {
             self.lanes.entry(c).or_default().answered(&self.name, ok);
         }
     }
@@ -276,12 +272,12 @@ impl Host {
             Lane::Cancel(c) => match self.cancels.get(&c) {
                 Some(client) => {
                     self.lanes.entry(c).or_default().sent(&self.name, &t.addr, &t.frame);
-                    self.in_flight.insert(t.token, c);
                     client.clone()
                 }
                 None => return,
             },
         };
+        self.in_flight.insert(t.token, t.lane);
         if t.inline {
             // The drain waits for the request (race S5); the stall is traced.
             let began = clock::now();
@@ -300,7 +296,6 @@ impl Host {
             self.core.handle_reply(t.token, reply, clock::now());
             return;
         }
-        self.unanswered.insert(t.token);
         let tx = self.tx.clone();
         tokio::task::spawn_local(async move {
             let reply = client.request(&t.addr, t.frame).await.map_err(|e| e.to_string());
