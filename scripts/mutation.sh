@@ -223,12 +223,26 @@ if [[ -z "$(cargo mutants "${args[@]}" --list)" ]]; then
     print_table
     exit 0
 fi
-echo "== cargo mutants over ${#files[@]} decision modules, the seeded suite of $seeds seeds as the only test (timeout ${timeout} s)"
-# Exit status 2 (survivors) and 3 (timeouts) are results, not failures of the job.
-set +e
-cargo mutants "${args[@]}" --shuffle -- -- "$test_name" --exact
-status=$?
-set -e
+# One build for every mutant that can share it (scripts/mutation_schemata.py); the rest
+# (those it cannot place or that fail to build for another reason) cargo-mutants builds
+# one by one below.
+cargo mutants "${args[@]}" --list --json >"$out/to-judge.json"
+cargo mutants "${args[@]}" --list >"$out/to-judge.txt"
+n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
+schemata="$out/outcomes-$(printf %03d "$n")-schemata.json"
+echo "== ${#files[@]} decision modules' mutants built into one suite, each run with its switch on ($seeds seeds, timeout ${timeout} s)"
+python3 "$root/scripts/mutation_schemata.py" --listed "$out/to-judge.json" --src "$tree" \
+    --work "$root/target/mutation-schemata" --seeds "$seeds" --timeout "$timeout" --out "$schemata"
+left="$(python3 "$root/scripts/mutation_table.py" --pending "$out/to-judge.txt" --skip-survivors "$schemata")"
+status=0
+if [[ -n "$left" ]]; then
+    echo "== cargo mutants over the mutants left, one build each, the seeded suite of $seeds seeds as the only test (timeout ${timeout} s)"
+    # Exit status 2 (survivors) and 3 (timeouts) are results, not failures of the job.
+    set +e
+    cargo mutants "${base[@]}" --re "$left" --timeout "$timeout" --shuffle -- -- "$test_name" --exact
+    status=$?
+    set -e
+fi
 case "$status" in
     0 | 2 | 3) ;;
     *) echo "scripts/mutation.sh: cargo mutants failed with status $status" >&2; exit "$status" ;;
