@@ -31,7 +31,7 @@ import mutation_tree  # noqa: E402
 TEST = "seeded_suite_of_the_full_topology_has_no_violations"
 # rustc's verdicts on a mutant's own code: the same error the mutant alone would get.
 UNVIABLE_CODES = {"E0277", "E0308", "E0369", "E0599", "E0600", "E0614"}
-SWITCH = re.compile(r"__mutant_on\((\d+)\)")
+SWITCH = re.compile(r"(?:crate::)?__mutant_on\((\d+)\)")
 
 
 def log(text: str) -> None:
@@ -95,7 +95,9 @@ def culprit(work: str, message: dict, texts: dict[str, str]) -> int | None:
     lines = texts[path].split("\n")
     offset = sum(len(x) + 1 for x in lines[: span["line_start"] - 1]) + span["column_start"] - 1
     last = None
-    for m in SWITCH.finditer(texts[path], 0, offset):
+    for m in SWITCH.finditer(texts[path]):
+        if m.start() > offset:
+            break
         last = m
     return int(last.group(1)) if last else None
 

@@ -116,6 +116,10 @@ def test_drain_ready_hands_the_engine_every_ready_transfer_once(shard, client):
     # The follower's event goes out before its writer's, and drain_ready keeps that order.
     assert shard.drain_ready() == [tid(11), tid(10)]
     assert shard.drain_ready() == []
+    # A writer no one follows (the common completion) is reported too.
+    lone = client.request(addr, reserve_req(12))
+    client.request(addr, {"op": "complete", "transfer_id": tid(12), "reservation_id": lone["reservation_id"]})
+    assert shard.drain_ready() == [tid(12)]
     assert shard.stats()["ready_log_dropped"] == 0
 
 

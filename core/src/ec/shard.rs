@@ -350,9 +350,10 @@ impl<R: RngCore> ConsumerShard<R> {
     fn complete_one(&mut self, transfer_id: &str, reservation_id: &str, now: Instant) -> CompleteResult {
         let port = self.config.port;
         let max_pending = self.config.max_pending_events;
-        let (events, stats) = (&mut self.events, &mut self.stats);
+        let (events, stats, ready_log) = (&mut self.events, &mut self.stats, &mut self.ready_log);
         // The common case: the event is written from the record the completion holds.
         let completed = self.book.complete_with(transfer_id, reservation_id, now, |status| {
+            log_ready(ready_log, stats, transfer_id);
             push_event(events, stats, port, max_pending, |out| wire::write_event(out, transfer_id, status, port))
         });
         if completed.followers_ready {
@@ -375,11 +376,7 @@ impl<R: RngCore> ConsumerShard<R> {
     /// when the backlog is full.
     fn queue_ready(&mut self, transfer_id: &str) {
         let Some(status) = self.book.status_view(&TransferId::new(transfer_id)) else { return };
-        if self.ready_log.len() >= READY_LOG_LIMIT {
-            self.ready_log.pop_front();
-            self.stats.ready_log_dropped += 1;
-        }
-        self.ready_log.push_back(transfer_id.to_string());
+        log_ready(&mut self.ready_log, &mut self.stats, transfer_id);
         let port = self.config.port;
         push_event(&mut self.events, &mut self.stats, port, self.config.max_pending_events, |out| {
             wire::write_event(out, transfer_id, &status, port)
@@ -511,6 +508,17 @@ fn push_event(
     events.push_with(write);
 }
 
+/// Notes a transfer that turned READY for [`ConsumerShard::drain_ready`], dropping the
+/// oldest note when the log is full: every readiness event the shard queues is noted
+/// here first, so the engine learns of each READY transfer the subscribers learn of.
+fn log_ready(log: &mut VecDeque<String>, stats: &mut ShardStats, transfer_id: &str) {
+    if log.len() >= READY_LOG_LIMIT {
+        log.pop_front();
+        stats.ready_log_dropped += 1;
+    }
+    log.push_back(transfer_id.to_string());
+}
+
 /// The transfer id of a queued event frame, for the log of a dropped one.
 fn event_transfer_id(frame: &[u8]) -> String {
     let parsed: Option<Value> = serde_json::from_slice(frame).ok();
@@ -602,5 +610,40 @@ mod tests {
         let in_place = |f: &[u8]| matches!(wire::read_request_fast(f, 64), Some(wire::Decoded::Reserve(_)));
         assert!(in_place(&frames[0]));
         assert!(!in_place(&frames[7]), "nine dimensions take the decoded path");
+    }
+
+    /// `drain_ready` reports every transfer a readiness event was queued for, in the
+    /// events' order: a lone writer's completion (the common case, whose event is written
+    /// from the record the completion holds), a writer with a follower, a batch.
+    #[test]
+    fn drain_ready_reports_what_the_events_announce() {
+        let mut s = shard(1 << 20);
+        let now = Instant::from_secs(2);
+        let rid = |reply: &[u8]| -> String {
+            let v: Value = serde_json::from_slice(reply).unwrap();
+            v["result"]["reservation_id"].as_str().unwrap().to_string()
+        };
+        let complete = |tid: &str, rid: &str| {
+            format!(r#"{{"op": "complete", "transfer_id": "{tid}", "reservation_id": "{rid}"}}"#).into_bytes()
+        };
+        let lone = rid(&s.handle_request(&reserve("t1", "h1", &[4]), now));
+        let writer = rid(&s.handle_request(&reserve("t2", "h2", &[4]), now));
+        s.handle_request(&reserve("t3", "h2", &[4]), now);
+        let batched = rid(&s.handle_request(&reserve("t4", "h4", &[4]), now));
+        assert!(s.drain_ready().is_empty(), "nothing is READY before a completion");
+        s.handle_request(&complete("t1", &lone), now);
+        s.handle_request(&complete("t2", &writer), now);
+        let batch =
+            format!(r#"{{"op": "complete_batch", "items": [{{"transfer_id": "t4", "reservation_id": "{batched}"}}]}}"#);
+        s.handle_request(batch.as_bytes(), now);
+        let mut announced = Vec::new();
+        while let Some(frame) = s.peek_event() {
+            let event: Value = serde_json::from_slice(frame).unwrap();
+            announced.push(event["transfer_id"].as_str().unwrap().to_string());
+            s.confirm_sent();
+        }
+        assert_eq!(announced, ["t1", "t3", "t2", "t4"]);
+        assert_eq!(s.drain_ready(), announced);
+        assert!(s.drain_ready().is_empty());
     }
 }

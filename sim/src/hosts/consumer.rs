@@ -109,6 +109,7 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
                 answered: Default::default(),
                 announced: Default::default(),
                 ready_answers: Default::default(),
+                engine_ready: Default::default(),
             },
         );
     });
@@ -326,6 +327,7 @@ async fn serve(
         }
         let mut reply = Vec::new();
         let served = clock::now();
+        let repeats = crate::reserve_duplicate::before(&frame, served, &shard.borrow());
         let step = shard.borrow_mut().serve_request(&frame, served, &mut reply);
         world::with(|w| {
             w.dirty.insert(host.to_string());
@@ -336,6 +338,7 @@ async fn serve(
         crate::release::note_handled(host, incarnation, &frame, &shard.borrow());
         crate::pool_full::check(host, &frame, &reply, &shard.borrow());
         crate::ready_ttl::check(host, &frame, &reply, served, &shard.borrow());
+        crate::reserve_duplicate::check(host, &repeats, &reply);
         crate::shard_counters::note(host, &frame, &reply, &shard.borrow());
         crate::announce_once::note_answer(host, &frame, &reply);
         if step != ServeStep::Reply {
@@ -381,6 +384,8 @@ fn flush_events(
             Ok(()) => {
                 shard.borrow_mut().confirm_sent();
                 if let Some(tid) = transfer_id {
+                    let drained = shard.borrow_mut().drain_ready();
+                    crate::ready_log::note_published(host, drained, &tid);
                     // An event that waited in the backlog (no subscriber yet) past its
                     // reservation's end is stale: the scheduler has no use for it, and the
                     // destination it names may hold another item's bytes by now. The

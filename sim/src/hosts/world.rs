@@ -56,6 +56,8 @@ pub struct Rank {
     /// transfer it answered `ready: true` (`announce-once`).
     pub announced: BTreeMap<Vec<u8>, u32>,
     pub ready_answers: BTreeMap<String, u32>,
+    /// Transfers `drain_ready` reported whose events have not gone out yet (`ready-log`).
+    pub engine_ready: std::collections::VecDeque<String>,
 }
 
 /// How an item of a request ended.
