@@ -8,6 +8,7 @@
 pub mod announce_once;
 pub mod announced_accepted;
 pub mod cancel_attempts;
+pub mod cancel_rules;
 pub mod catalogue;
 pub mod cli;
 pub mod clock;
@@ -28,6 +29,7 @@ pub mod ready_ttl;
 pub mod records_reaped;
 pub mod release;
 pub mod reserve_duplicate;
+pub mod reserve_follower;
 pub mod scenario;
 pub mod scheduler_quiet;
 pub mod shard_counters;

@@ -19,7 +19,7 @@
 //!   the world because an inbound message named it (checked as each DEALER is opened).
 //! - `p2p-announced-id`: a peer's connect announces the id the receiver knows it by.
 //! - `p2p-dispatch-errors`: a ready session whose handler failed five times in a row is
-//!   dead (a `handler_failures` fault).
+//!   dead, and fewer failures in a row do not kill it (a `handler_failures` fault).
 //! - `p2p-peer-id`: no DEALER is opened for a peer id that is not `host:port`.
 //! - `p2p-closed`: a session the application closed is dead (a `peer_close` fault).
 //! - `p2p-frame-limit`: no frame above the world's frame limit reaches a DEALER (an

@@ -110,6 +110,7 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
                 announced: Default::default(),
                 ready_answers: Default::default(),
                 engine_ready: Default::default(),
+                writers: Default::default(),
             },
         );
     });
@@ -328,6 +329,8 @@ async fn serve(
         let mut reply = Vec::new();
         let served = clock::now();
         let repeats = crate::reserve_duplicate::before(&frame, served, &shard.borrow());
+        let cancel = crate::cancel_rules::before(&frame, served, &shard.borrow());
+        let reserves = crate::reserve_follower::before(host, &frame, served, &shard.borrow());
         let step = shard.borrow_mut().serve_request(&frame, served, &mut reply);
         world::with(|w| {
             w.dirty.insert(host.to_string());
@@ -339,6 +342,8 @@ async fn serve(
         crate::pool_full::check(host, &frame, &reply, &shard.borrow());
         crate::ready_ttl::check(host, &frame, &reply, served, &shard.borrow());
         crate::reserve_duplicate::check(host, &repeats, &reply);
+        crate::cancel_rules::check(host, cancel, &reply, &shard.borrow());
+        crate::reserve_follower::check(host, reserves, &reply);
         crate::shard_counters::note(host, &frame, &reply, &shard.borrow());
         crate::announce_once::note_answer(host, &frame, &reply);
         if step != ServeStep::Reply {

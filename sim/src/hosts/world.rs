@@ -58,6 +58,8 @@ pub struct Rank {
     pub ready_answers: BTreeMap<String, u32>,
     /// Transfers `drain_ready` reported whose events have not gone out yet (`ready-log`).
     pub engine_ready: std::collections::VecDeque<String>,
+    /// The transfers it answered `write: true`, by `mm_hash` (`reserve-follower`).
+    pub writers: BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 /// How an item of a request ended.

@@ -567,10 +567,13 @@ impl Peer {
 
     /// A handler-failures fault: the handler raised on `m`. `p2p-dispatch-errors`: the
     /// session is dead once it failed [`MAX_CONSECUTIVE_DISPATCH_ERRORS`] times in a row
-    /// while ready.
+    /// while ready, and not before (a handled message between failures starts the count
+    /// again).
     fn handler_failed(&mut self, peer: &str, session: SessionId, m: &Message) {
         trace::record(&self.name, "p2p.handler_failed", &[("peer", &peer), ("type", &m.kind())]);
         let ready = self.manager.is_ready(peer) && self.manager.session_id(peer) == Some(session);
+        let alive = |p: &Self| p.manager.session_id(peer) == Some(session) && p.manager.is_alive(peer);
+        let alive_before = alive(self);
         self.manager.dispatch_failed(peer, session, "handler failed (fault)");
         if !ready {
             self.handler_failures.remove(peer);
@@ -581,6 +584,13 @@ impl Peer {
             _ => 1,
         };
         self.handler_failures.insert(peer.to_string(), (session, failures));
+        if failures < MAX_CONSECUTIVE_DISPATCH_ERRORS && alive_before && !alive(self) {
+            oracle::violate(
+                "p2p-dispatch-errors",
+                &self.name,
+                format!("session {session} with {peer} died of {failures} handler failure(s) in a row"),
+            );
+        }
         let current = self.manager.session_id(peer) == Some(session);
         if failures >= MAX_CONSECUTIVE_DISPATCH_ERRORS && current && self.manager.is_alive(peer) {
             oracle::violate(
