@@ -37,10 +37,12 @@
 # a uniform sample of the mutants it had left, so the table's estimate for the rest
 # (scripts/mutation_table.py --listed) is not skewed toward the files listed first.
 #
-# Mutants are built in place in a copy of the checkout, target/mutation-tree, which keeps
-# its build between mutants and between runs: a mutant costs an incremental rebuild of
-# core and the simulator (a few seconds, profile `mutants` in Cargo.toml) instead of a
-# fresh build. One job at a time per checkout (a lock on the copy says so).
+# The mutants to run are built into one suite (scripts/mutation_schemata.py with
+# tools/mutation-schemata: each behind a runtime switch, in target/mutation-schemata),
+# so a mutant costs its suite alone; the few that cannot share that build are built in
+# place in a copy of the checkout, target/mutation-tree, which keeps its build between
+# mutants and between runs (an incremental rebuild of core and the simulator, profile
+# `mutants` in Cargo.toml). One job at a time per checkout (a lock on the copy says so).
 #
 # Needs cargo-mutants (`cargo install cargo-mutants --locked`) and, for the coverage pass,
 # the toolchain's llvm-tools (`rustup component add llvm-tools`). Prints the table per file
