@@ -30,6 +30,7 @@ pub mod records_reaped;
 pub mod release;
 pub mod reserve_duplicate;
 pub mod reserve_follower;
+pub mod reserve_items;
 pub mod scenario;
 pub mod scheduler_quiet;
 pub mod shard_counters;

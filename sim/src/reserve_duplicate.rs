@@ -8,13 +8,13 @@
 //! record with the same `mm_hash`, shape and dtype and a deadline still ahead.
 
 use ctlplane_core::ec::ids::TransferId;
-use ctlplane_core::ec::wire::{decode_reply, decode_request, Request};
-use ctlplane_core::ec::{ReserveRequest, State};
+use ctlplane_core::ec::State;
 use ctlplane_core::time::Instant;
 use serde_json::Value;
 
 use crate::hosts::world::Shard;
 use crate::oracle::violate;
+use crate::reserve_items::{alone, items, Answers};
 
 /// A reserve item that repeats a live record: its place in the request (`None` for a
 /// single reserve), its transfer, and whether the record was READY.
@@ -25,36 +25,29 @@ pub struct Repeat {
 }
 
 /// The items of `frame` that repeat a live record of `shard`, before it serves them at `now`.
+/// A transfer named twice in one batch is judged by neither item.
 pub fn before(frame: &[u8], now: Instant, shard: &Shard) -> Vec<Repeat> {
-    let repeat = |item: Option<usize>, req: &ReserveRequest| -> Option<Repeat> {
-        let book = shard.book();
-        let state = book.state_of(&req.transfer_id)?;
-        if !matches!(state, State::Writing | State::Ready) || book.deadline_of(&req.transfer_id)? <= now {
-            return None;
-        }
-        let view = book.status_view(&TransferId::new(&req.transfer_id))?;
-        let same = view.mm_hash.matches(&req.mm_hash) && view.shape == req.shape.as_slice() && view.dtype == req.dtype;
-        same.then(|| Repeat { item, transfer_id: req.transfer_id.clone(), ready: state == State::Ready })
-    };
-    match decode_request(frame, usize::MAX) {
-        Ok(Request::Reserve(Ok(req))) => repeat(None, &req).into_iter().collect(),
-        Ok(Request::ReserveBatch(items)) => {
-            let mut seen = std::collections::BTreeMap::<String, usize>::new();
-            for req in items.iter().flatten() {
-                *seen.entry(req.transfer_id.clone()).or_default() += 1;
+    let book = shard.book();
+    let items = items(frame);
+    items
+        .iter()
+        .filter(|item| alone(&items, item, |r| &r.transfer_id))
+        .filter_map(|item| {
+            let req = &item.req;
+            let state = book.state_of(&req.transfer_id)?;
+            if !matches!(state, State::Writing | State::Ready) || book.deadline_of(&req.transfer_id)? <= now {
+                return None;
             }
-            // A transfer named twice in one batch is judged by neither item: the first
-            // may change the record the second finds.
-            items
-                .iter()
-                .enumerate()
-                .filter_map(|(i, item)| item.as_ref().ok().map(|req| (i, req)))
-                .filter(|(_, req)| seen.get(&req.transfer_id) == Some(&1))
-                .filter_map(|(i, req)| repeat(Some(i), req))
-                .collect()
-        }
-        _ => Vec::new(),
-    }
+            let view = book.status_view(&TransferId::new(&req.transfer_id))?;
+            let same =
+                view.mm_hash.matches(&req.mm_hash) && view.shape == req.shape.as_slice() && view.dtype == req.dtype;
+            same.then(|| Repeat {
+                item: item.index,
+                transfer_id: req.transfer_id.clone(),
+                ready: state == State::Ready,
+            })
+        })
+        .collect()
 }
 
 /// `host` answered the request with `reply`: each repeat must have got its reservation.
@@ -62,20 +55,9 @@ pub fn check(host: &str, repeats: &[Repeat], reply: &[u8]) {
     if repeats.is_empty() {
         return;
     }
-    let Ok(envelope) = decode_reply(reply) else { return };
+    let answers = Answers::of(reply);
     for r in repeats {
-        let answer: Result<&Value, String> = match (&envelope, r.item) {
-            (Ok(result), None) => Ok(result),
-            (Err(error), None) => Err(error.clone()),
-            (Ok(result), Some(i)) => match result.get("items").and_then(|items| items.get(i)) {
-                Some(entry) if entry.get("ok") == Some(&Value::Bool(true)) => {
-                    entry.get("result").ok_or_else(|| "an ok entry without a result".to_string())
-                }
-                Some(entry) => Err(entry.get("error").map(Value::to_string).unwrap_or_default()),
-                None => continue,
-            },
-            (Err(_), Some(_)) => continue,
-        };
+        let Some(answer) = answers.get(r.item) else { continue };
         let wrong = match answer {
             Err(error) => Some(format!("refused: {error}")),
             Ok(result) => {

@@ -8,16 +8,14 @@
 //! one counts while its record is WRITING with its deadline ahead (a reserve reaps first,
 //! and a writer past its deadline is deferred before the rule looks).
 
-use std::collections::BTreeMap;
-
 use ctlplane_core::ec::ids::TransferId;
-use ctlplane_core::ec::wire::{decode_reply, decode_request, Request};
 use ctlplane_core::ec::{ReserveRequest, State};
 use ctlplane_core::time::Instant;
 use serde_json::Value;
 
 use crate::hosts::world::{self, Shard};
 use crate::oracle::violate;
+use crate::reserve_items::{alone, items, Answers};
 
 /// A reserve item of a request: its place (`None` for a single reserve), its transfer,
 /// its tensor, and the writer it must follow, if one was WRITING before the request.
@@ -30,18 +28,7 @@ pub struct Item {
 
 /// The reserve items of `frame`, with the writer each must follow in `host`'s `shard` at `now`.
 pub fn before(host: &str, frame: &[u8], now: Instant, shard: &Shard) -> Vec<Item> {
-    let reqs: Vec<(Option<usize>, ReserveRequest)> = match decode_request(frame, usize::MAX) {
-        Ok(Request::Reserve(Ok(req))) => vec![(None, req)],
-        Ok(Request::ReserveBatch(items)) => {
-            items.into_iter().enumerate().filter_map(|(i, item)| item.ok().map(|req| (Some(i), req))).collect()
-        }
-        _ => return Vec::new(),
-    };
-    let (mut tids, mut tensors) = (BTreeMap::<&str, usize>::new(), BTreeMap::<&str, usize>::new());
-    for (_, req) in &reqs {
-        *tids.entry(req.transfer_id.as_str()).or_default() += 1;
-        *tensors.entry(req.mm_hash.as_str()).or_default() += 1;
-    }
+    let items = items(frame);
     let book = shard.book();
     let writing = |tid: &str, req: &ReserveRequest| {
         book.state_of(tid) == Some(State::Writing)
@@ -52,18 +39,20 @@ pub fn before(host: &str, frame: &[u8], now: Instant, shard: &Shard) -> Vec<Item
     };
     world::with(|w| {
         let writers = w.ranks.get(host).map(|r| &r.writers);
-        reqs.iter()
-            .map(|(index, req)| {
+        items
+            .iter()
+            .map(|item| {
+                let req = &item.req;
                 // Alone in its request (the items before it cannot change what it finds)
                 // and new to the book.
-                let judged = tids.get(req.transfer_id.as_str()) == Some(&1)
-                    && tensors.get(req.mm_hash.as_str()) == Some(&1)
+                let judged = alone(&items, item, |r| &r.transfer_id)
+                    && alone(&items, item, |r| &r.mm_hash)
                     && book.state_of(&req.transfer_id).is_none();
                 let follows = judged
                     .then(|| writers.and_then(|ws| ws.get(&req.mm_hash)))
                     .flatten()
                     .and_then(|tids| tids.iter().find(|t| writing(t, req)).cloned());
-                Item { index: *index, transfer_id: req.transfer_id.clone(), mm_hash: req.mm_hash.clone(), follows }
+                Item { index: item.index, transfer_id: req.transfer_id.clone(), mm_hash: req.mm_hash.clone(), follows }
             })
             .collect()
     })
@@ -72,18 +61,9 @@ pub fn before(host: &str, frame: &[u8], now: Instant, shard: &Shard) -> Vec<Item
 /// `host` answered the request with `reply`: a writer granted is noted, and an item that
 /// had a writer to follow must not be one.
 pub fn check(host: &str, items: Vec<Item>, reply: &[u8]) {
-    let Ok(Ok(result)) = decode_reply(reply) else { return };
-    let granted = |item: &Item| -> Option<Value> {
-        match item.index {
-            None => Some(result.clone()),
-            Some(i) => {
-                let entry = result.get("items")?.get(i)?;
-                (entry.get("ok") == Some(&Value::Bool(true))).then(|| entry.get("result").cloned()).flatten()
-            }
-        }
-    };
+    let answers = Answers::of(reply);
     for item in items {
-        let Some(answer) = granted(&item) else { continue };
+        let Some(Ok(answer)) = answers.get(item.index) else { continue };
         if answer.get("write") != Some(&Value::Bool(true)) {
             continue;
         }
