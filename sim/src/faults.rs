@@ -959,6 +959,9 @@ struct HostFaults {
     forged: BTreeMap<String, Vec<(String, String)>>,
     /// Per `(P2P host, peer)`: role messages from the peer its handler still fails on.
     handler_failures: BTreeMap<(String, String), u32>,
+    /// Per `(P2P host, peer)`: messages its handler takes before it fails again (spaced
+    /// failures, `Knobs::p2p_handler_spacing`).
+    handler_spared: BTreeMap<(String, String), u32>,
     /// P2P hosts whose node shuts down at its next turn.
     exits: BTreeSet<String>,
     /// Per P2P host: peers whose session its application closes now.
@@ -1033,15 +1036,26 @@ pub fn take_forged(host: &str) -> Vec<(String, String)> {
 }
 
 /// Whether `host`'s P2P handler fails on this role message from `peer` (one failure of a
-/// handler-failures fault taken).
-pub fn take_handler_failure(host: &str, peer: &str) -> bool {
+/// handler-failures fault taken). With `spacing` k > 1 the handler takes k - 1 messages
+/// between two failures, so they never come in a row.
+pub fn take_handler_failure(host: &str, peer: &str, spacing: u32) -> bool {
     HOST_FAULTS.with(|h| {
         let mut h = h.borrow_mut();
         let key = (host.to_string(), peer.to_string());
+        if !h.handler_failures.contains_key(&key) {
+            return false;
+        }
+        if let Some(spared) = h.handler_spared.get_mut(&key).filter(|n| **n > 0) {
+            *spared -= 1;
+            return false;
+        }
         let Some(left) = h.handler_failures.get_mut(&key) else { return false };
         *left -= 1;
         if *left == 0 {
             h.handler_failures.remove(&key);
+            h.handler_spared.remove(&key);
+        } else {
+            h.handler_spared.insert(key, spacing.saturating_sub(1));
         }
         true
     })
@@ -1399,6 +1413,7 @@ impl FaultDriver {
             h.floods.clear();
             h.forged.clear();
             h.handler_failures.clear();
+            h.handler_spared.clear();
             h.oversize.clear();
             h.open_failures.clear();
             h.loads_lost.clear();
@@ -1691,10 +1706,13 @@ mod tests {
             h.closes.entry("a".into()).or_default().insert("b".into());
             h.reopens.entry("a".into()).or_default().insert("c".into());
         });
-        assert!(!take_handler_failure("a", "c"), "only the named peer's messages fail");
-        assert!(take_handler_failure("a", "b"));
-        assert!(take_handler_failure("a", "b"));
-        assert!(!take_handler_failure("a", "b"), "two failures, then the handler works");
+        assert!(!take_handler_failure("a", "c", 1), "only the named peer's messages fail");
+        assert!(take_handler_failure("a", "b", 1));
+        assert!(take_handler_failure("a", "b", 1));
+        assert!(!take_handler_failure("a", "b", 1), "two failures, then the handler works");
+        HOST_FAULTS.with(|h| h.borrow_mut().handler_failures.insert(("a".into(), "b".into()), 2));
+        let spaced: Vec<bool> = (0..5).map(|_| take_handler_failure("a", "b", 3)).collect();
+        assert_eq!(spaced, [true, false, false, true, false], "two messages handled between the failures");
         let one = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<String>>();
         assert_eq!(take_closes("a"), (one(&["b"]), one(&["c"])));
         assert_eq!(take_closes("a"), (BTreeSet::new(), BTreeSet::new()));

@@ -36,9 +36,20 @@ pub struct Knobs {
     /// request naming the peer arrives right away), instead of after a 200-1000 ms backoff.
     /// A session that died of a protocol error still backs off, so its Disconnect goes out.
     pub p2p_immediate_reconnect: bool,
+    /// Every P2P peer's reconnect backoff (`ManagerConfig::backoff`), shortest and longest
+    /// delay; `None` keeps the manager's 200 ms to 1 s. Equal ends are a fixed delay.
+    pub p2p_backoff: Option<(Duration, Duration)>,
+    /// A handler-failures fault's failures come every k-th message from the peer, never in
+    /// a row, so a handled message between two of them starts the count again; `None`:
+    /// in a row.
+    pub p2p_handler_spacing: Option<u32>,
     /// The configuration fingerprint every P2P peer announces in its Connect (a
     /// deployment that sets one); `None` (the default): the empty wildcard.
     pub p2p_config_fingerprint: Option<u64>,
+    /// With a fingerprint set, the P2P peer at this index of the world's peers announces
+    /// the empty wildcard instead (a node not yet configured with one), which every
+    /// handshake accepts; `None`: every peer announces the same.
+    pub p2p_wildcard_peer: Option<usize>,
     /// Tombstones (cancelled and expired records) each rank keeps at most
     /// (`BookConfig::tombstone_limit`); `None` keeps the book's default, which no run fills.
     pub tombstone_limit: Option<usize>,

@@ -30,6 +30,7 @@ mod peer;
 
 use std::rc::Rc;
 
+use ctlplane_core::p2p::manager::Backoff;
 use ctlplane_core::p2p::T0Switches;
 
 use crate::topology::Topology;
@@ -57,9 +58,12 @@ pub fn install_with(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: 
         no_handshake_deadline: w.knobs.p2p_no_handshake_deadline,
         max_peers: w.knobs.p2p_max_peers,
         immediate_reconnect: w.knobs.p2p_immediate_reconnect,
+        handler_spacing: w.knobs.p2p_handler_spacing,
+        backoff: w.knobs.p2p_backoff.map(|(min, max)| Backoff { min, max }),
         max_message_bytes: w.knobs.p2p_frame_limit,
         manager: w.regressions.manager,
         config_fingerprint: w.knobs.p2p_config_fingerprint,
+        wildcard_peer: w.knobs.p2p_wildcard_peer,
         quiet: false,
     })
     .unwrap_or_default();
@@ -69,7 +73,11 @@ pub fn install_with(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: 
 /// [`install_with`] with explicit peer settings.
 pub fn install_tuned(sim: &mut turmoil::Sim<'_>, topo: &Topology, seed: u64, t0: T0Switches, settings: PeerSettings) {
     ledger::reset(&topo.p2p_peers);
-    for name in &topo.p2p_peers {
+    for (i, name) in topo.p2p_peers.iter().enumerate() {
+        let mut settings = settings;
+        if settings.wildcard_peer == Some(i) {
+            settings.config_fingerprint = None;
+        }
         let cfg = Rc::new(PeerConfig { name: name.clone(), peers: topo.p2p_peers.clone(), seed, t0, settings });
         sim.host(name.as_str(), move || peer::run(cfg.clone()));
     }

@@ -52,6 +52,9 @@ mod stream {
     pub const TOMBSTONES: u64 = BASE + 21;
     pub const SCHEDULER_TIMEOUT: u64 = BASE + 22;
     pub const EMPTY: u64 = BASE + 23;
+    pub const BACKOFF: u64 = BASE + 24;
+    pub const HANDLER_SPACING: u64 = BASE + 25;
+    pub const WILDCARD: u64 = BASE + 26;
 }
 
 /// The production reservation TTL and refresh age the encoder regimes straddle.
@@ -144,6 +147,14 @@ pub struct WorldSwarm {
     pub producer_stalls: Option<StallDraw>,
     /// A reaped P2P session reconnects within the same tick.
     pub immediate_reconnect: bool,
+    /// The P2P managers' reconnect backoff, shortest and longest delay, ms: half the time
+    /// a fixed delay, as a deployment that sets one (default 200 to 1,000 ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2p_backoff_ms: Option<(u64, u64)>,
+    /// A P2P handler's faulted failures come every 2nd or 3rd message, never in a row
+    /// (default: in a row).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handler_spacing: Option<u32>,
     /// P2P sessions without the W1+ handshake deadline (only under an [`Exposure`]).
     pub no_handshake_deadline: bool,
     /// `RegistryConfig::max_peers` of every P2P peer (default unbounded).
@@ -178,6 +189,10 @@ pub struct WorldSwarm {
     /// wildcard), so the handshake compares two set fingerprints.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p2p_fingerprint: Option<u64>,
+    /// With a fingerprint, the index of the P2P peer that announces the empty wildcard
+    /// instead (default: none does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2p_wildcard_peer: Option<usize>,
     /// Each rank keeps at most this many tombstones, few enough that cancels and expiries
     /// reach the bound (default: the book's 65,536).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -283,6 +298,15 @@ impl WorldSwarm {
             StallDraw { mean_gap_ms: r.gen_range(5_000..=30_000), length_ms: (lo, lo + r.gen_range(0..=4_000)) }
         });
         let immediate_reconnect = on(stream::RECONNECT, 0.5).is_some();
+        let p2p_backoff_ms = on(stream::BACKOFF, 0.3).map(|mut r| {
+            let lo = r.gen_range(50..=1_000);
+            if r.gen_bool(0.5) {
+                (lo, lo)
+            } else {
+                (lo, lo + r.gen_range(1..=2_000))
+            }
+        });
+        let handler_spacing = on(stream::HANDLER_SPACING, 0.3).map(|mut r| r.gen_range(2..=3));
         let no_handshake_deadline = exposure.no_handshake_deadline && on(stream::DEADLINE, 0.5).is_some();
         let max_peers = on(stream::MAX_PEERS, 0.3).map(|mut r| r.gen_range(16..=300));
         // Within the workload, so writers are about; the restart comes before the heal.
@@ -314,6 +338,8 @@ impl WorldSwarm {
             AbortDraw { per_mille: log_uniform(&mut r, 5, 500) as u32, after_ms: (lo, lo + r.gen_range(0..=lo)) }
         });
         let p2p_fingerprint = on(stream::FINGERPRINT, 0.5).map(|mut r| r.gen());
+        let p2p_wildcard_peer =
+            on(stream::WILDCARD, 0.5).filter(|_| p2p_fingerprint.is_some()).map(|mut r| r.gen_range(0..4));
         let tombstone_limit = on(stream::TOMBSTONES, 0.3).map(|mut r| log_uniform(&mut r, 1, 256) as usize);
         let scheduler_timeout_ms = on(stream::SCHEDULER_TIMEOUT, 0.3).map(|mut r| log_uniform(&mut r, 500, 10_000));
         let empty_every = on(stream::EMPTY, 0.2).map(|mut r| r.gen_range(2..=12));
@@ -329,6 +355,8 @@ impl WorldSwarm {
             retry,
             producer_stalls,
             immediate_reconnect,
+            p2p_backoff_ms,
+            handler_spacing,
             no_handshake_deadline,
             max_peers,
             shutdown,
@@ -338,6 +366,7 @@ impl WorldSwarm {
             p2p_frame_limit,
             abort,
             p2p_fingerprint,
+            p2p_wildcard_peer,
             tombstone_limit,
             scheduler_timeout_ms,
             empty_every,
@@ -384,7 +413,10 @@ impl WorldSwarm {
             p2p_max_peers: self.max_peers,
             p2p_frame_limit: self.p2p_frame_limit,
             p2p_immediate_reconnect: self.immediate_reconnect,
+            p2p_handler_spacing: self.handler_spacing,
+            p2p_backoff: self.p2p_backoff_ms.map(|(lo, hi)| (d(lo), d(hi.max(lo)))),
             p2p_config_fingerprint: self.p2p_fingerprint,
+            p2p_wildcard_peer: self.p2p_wildcard_peer,
             tombstone_limit: self.tombstone_limit,
             scheduler_control_timeout: self.scheduler_timeout_ms.map(d),
             producer_sockets_per_shard: self.sockets_per_shard,
@@ -425,6 +457,14 @@ mod tests {
         assert!(worlds.iter().filter(|w| w.empty_every.is_some()).count() > 20);
         assert!(worlds.iter().filter(|w| w.empty_every.is_none()).count() > 100);
         assert!(worlds.iter().all(|w| w.empty_every.is_none_or(|k| (2..=12).contains(&k))));
+        // Fixed reconnect delays as well as ranges; spaced handler failures; a wildcard
+        // peer only where the others announce a fingerprint.
+        assert!(worlds.iter().any(|w| w.p2p_backoff_ms.is_some_and(|(lo, hi)| lo == hi)));
+        assert!(worlds.iter().any(|w| w.p2p_backoff_ms.is_some_and(|(lo, hi)| lo < hi)));
+        assert!(worlds.iter().any(|w| w.handler_spacing.is_some()));
+        assert!(worlds.iter().all(|w| w.handler_spacing.is_none_or(|k| (2..=3).contains(&k))));
+        assert!(worlds.iter().any(|w| w.p2p_wildcard_peer.is_some()));
+        assert!(worlds.iter().all(|w| w.p2p_wildcard_peer.is_none() || w.p2p_fingerprint.is_some()));
         assert!(worlds.iter().all(|w| !w.no_handshake_deadline && w.max_pending_events.is_none()));
         assert!(worlds.iter().all(|w| w.retry.is_none()));
         let exposed: Vec<WorldSwarm> = (0..50).map(|s| WorldSwarm::draw(s, Exposure::of("p2p-s5"))).collect();

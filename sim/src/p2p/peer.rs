@@ -14,10 +14,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ctlplane_core::p2p::defaults::{HANDSHAKE_TIMEOUT, HEARTBEAT_IVL, HEARTBEAT_TIMEOUT, HEARTBEAT_TTL};
-use ctlplane_core::p2p::manager::{ManagerConfig, ManagerRegressions, PeerEvent, PeerManager, SessionId};
+use ctlplane_core::p2p::manager::{Backoff, ManagerConfig, ManagerRegressions, PeerEvent, PeerManager, SessionId};
 use ctlplane_core::p2p::messages::{Message, Parsed};
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
-use ctlplane_core::p2p::registry::{Direction, RegistryStats};
+use ctlplane_core::p2p::registry::{ConnectionRegistry, Direction, RegistryStats};
 use ctlplane_core::p2p::session::{SessionConfig, MAX_CONSECUTIVE_DISPATCH_ERRORS};
 use ctlplane_core::p2p::{value, Action, ConnId, MonitorEvent, PollInput, RegistryConfig, T0Switches};
 use ctlplane_core::time::Instant;
@@ -60,6 +60,10 @@ pub struct PeerSettings {
     pub max_peers: Option<usize>,
     /// Reconnect within the tick that reaped the session.
     pub immediate_reconnect: bool,
+    /// `ManagerConfig::backoff`; `None` keeps the manager's default.
+    pub backoff: Option<Backoff>,
+    /// Every k-th message fails under a handler-failures fault; `None`: in a row.
+    pub handler_spacing: Option<u32>,
     /// `RegistryConfig::max_message_bytes` and every socket's `maxmsgsize` (the T2
     /// lineage's frame limit, `TransportOptions::with_t2_frame_limit`); `None`: no limit.
     pub max_message_bytes: Option<usize>,
@@ -68,6 +72,9 @@ pub struct PeerSettings {
     /// `SessionConfig::config_fingerprint` every peer announces (`None`: the empty
     /// wildcard, production's default).
     pub config_fingerprint: Option<u64>,
+    /// The index, in the world's peers, of the one that announces the empty wildcard
+    /// whatever `config_fingerprint` says (`Knobs::p2p_wildcard_peer`).
+    pub wildcard_peer: Option<usize>,
     /// The application sends no requests of its own, only answers (a scripted world,
     /// such as the driver-conformance test, decides every message).
     pub quiet: bool,
@@ -169,6 +176,9 @@ struct Peer {
     settings: PeerSettings,
     /// DEALER opens and closes the manager asked for: its registry's counters must agree.
     dealer_actions: (u64, u64),
+    /// Sends a DEALER refused for a full queue, which the registry must count alike
+    /// (`p2p-message-accounting`).
+    refused_full: u64,
     /// While the node shuts down: the connections a Disconnect was handed to (`p2p-exit`).
     disconnects: Option<BTreeSet<ConnId>>,
 }
@@ -189,6 +199,7 @@ fn manager_config(cfg: &PeerConfig, name: &str, inc: u32) -> ManagerConfig {
     ManagerConfig {
         regressions: cfg.settings.manager,
         immediate_reconnect: cfg.settings.immediate_reconnect,
+        backoff: cfg.settings.backoff.unwrap_or_default(),
         first_session: u64::from(inc) << 32,
         ..ManagerConfig::new(registry, session)
     }
@@ -270,6 +281,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         open_failed: BTreeSet::new(),
         sources: BTreeMap::new(),
         dealer_actions: (0, 0),
+        refused_full: 0,
         disconnects: None,
         settings: cfg.settings,
     };
@@ -389,6 +401,8 @@ impl Peer {
                 }
             }
         }
+        // Live connections handed an event that ends a connection: dead after the poll.
+        let mut ended: Vec<(String, ConnId, u16)> = Vec::new();
         for (_, conn, alive) in registry.iter_connections() {
             let Some(d) = self.dealers.get(&conn).filter(|_| alive) else { continue };
             while let Ok(msg) = d.pair.try_recv() {
@@ -396,6 +410,9 @@ impl Peer {
                 let ev = MonitorEvent::from_code(event);
                 trace::record(&self.name, "p2p.monitor", &[("peer", &d.peer), ("conn", &conn), ("event", &event)]);
                 input.monitor.push((conn, ev));
+                if monitor_ends_connection(event) {
+                    ended.push((d.peer.clone(), conn, event));
+                }
                 if ev.is_fatal() {
                     break;
                 }
@@ -426,6 +443,15 @@ impl Peer {
                 &self.name,
                 format!("{handed} ROUTER message(s) handed in, {accounted_now} routed, refused or dropped"),
             );
+        }
+        for (peer, conn, event) in ended {
+            if registry_holds_live(self.manager.registry(), conn) {
+                oracle::violate(
+                    "p2p-monitor-fatal",
+                    &self.name,
+                    format!("connection {conn} to {peer} is still alive after its monitor reported event {event:#06x}"),
+                );
+            }
         }
         let refused = stats.messages_refused - before.messages_refused;
         if refused > 0 {
@@ -537,7 +563,8 @@ impl Peer {
 
     /// The application: answer requests, match responses.
     fn on_message(&mut self, peer: &str, session: SessionId, m: Message) {
-        if faults::take_handler_failure(&self.name, host_of(peer)) {
+        let spacing = self.settings.handler_spacing.unwrap_or(1);
+        if faults::take_handler_failure(&self.name, host_of(peer), spacing) {
             self.handler_failed(peer, session, &m);
             return;
         }
@@ -743,11 +770,20 @@ impl Peer {
         // A hostile sender also tries a message of two frames, which the receiver's
         // registry must drop and count (`p2p-message-accounting`).
         let multipart = (!on_own_host).then(|| vec![frame.clone(), frame.clone()]);
-        let sent = connected.and_then(|()| dealer.try_send(vec![frame]));
+        let sent = connected.and_then(|()| dealer.try_send(vec![frame.clone()]));
         trace::record(&self.name, "p2p.forged_sent", &[("to", &to), ("claims", &claims), ("ok", &sent.is_ok())]);
         if let Some(frames) = multipart.filter(|_| sent.is_ok()) {
             let sent = dealer.try_send(frames);
             trace::record(&self.name, "p2p.multipart_sent", &[("to", &to), ("ok", &sent.is_ok())]);
+            // And one from an identity that is not UTF-8 (a routing id is any bytes), which
+            // names no peer: dropped and counted as well.
+            let mut opts = options(None, self.max_message_bytes);
+            opts.linger = DEALER_LINGER;
+            opts.routing_id = Some([claims.as_bytes(), &[0xff]].concat());
+            let raw = Socket::new(&self.ctx, SocketType::Dealer, opts);
+            let sent = raw.connect(&format!("tcp://{to}:{PORT}")).and_then(|()| raw.try_send(vec![frame.clone()]));
+            trace::record(&self.name, "p2p.non_utf8_sent", &[("to", &to), ("ok", &sent.is_ok())]);
+            self.forged.push(raw);
         }
         self.forged.push(dealer);
     }
@@ -947,7 +983,10 @@ impl Peer {
                     let result = match (self.dealers.get(&conn), self.manager.send_mode()) {
                         (Some(d), SendMode::NonBlocking) => match d.dealer.try_send(vec![frame]) {
                             Ok(()) => Ok(()),
-                            Err(ZmqError::Again) => Err(self.manager.queue_full(conn).to_string()),
+                            Err(ZmqError::Again) => {
+                                self.refused_full += 1;
+                                Err(self.manager.queue_full(conn).to_string())
+                            }
                             Err(e) => Err(format!("send to {} failed: {e}", d.peer)),
                         },
                         // The seed's send: this whole peer waits for room (race p2p-hwm).
@@ -976,6 +1015,17 @@ impl Peer {
             );
             self.dealer_actions = (stats.dealers_opened, stats.dealers_closed);
         }
+        if stats.sends_refused_full != self.refused_full {
+            oracle::violate(
+                "p2p-message-accounting",
+                &self.name,
+                format!(
+                    "the registry counts {} send(s) refused for a full queue; the DEALERs refused {}",
+                    stats.sends_refused_full, self.refused_full
+                ),
+            );
+            self.refused_full = stats.sends_refused_full;
+        }
     }
 
     /// DEALER with the heartbeat options and our identity, monitored for the core's fatal
@@ -994,4 +1044,22 @@ impl Peer {
         dealer.connect(endpoint)?;
         Ok((dealer, pair))
     }
+}
+
+/// Whether a monitor event ends its connection, as the delta's transport reads them: a
+/// disconnect, a close or a failed handshake. The simulator's own list, not the core's.
+fn monitor_ends_connection(event: u16) -> bool {
+    matches!(
+        event,
+        monitor::DISCONNECTED
+            | monitor::CLOSED
+            | monitor::HANDSHAKE_FAILED_NO_DETAIL
+            | monitor::HANDSHAKE_FAILED_PROTOCOL
+            | monitor::HANDSHAKE_FAILED_AUTH
+    )
+}
+
+/// Whether `conn` is still registered and alive.
+fn registry_holds_live(registry: &ConnectionRegistry, conn: ConnId) -> bool {
+    registry.iter_connections().any(|(_, c, alive)| c == conn && alive)
 }
