@@ -2,16 +2,21 @@
 //! Judged from the record before the request (its state and reservation id) and after
 //! it, with the core's wire decoders, wherever the rules decide from what the book shows;
 //! a cancel naming another reservation id (a duplicate's grant or a stale one), an
-//! empty-id abandon of a WRITING record (it may hold duplicates' grants) and records
-//! past their deadline are left to the other oracles.
+//! empty-id abandon of a WRITING record a reserve may have granted twice (see
+//! [`note_reserves`]: the abandon may come from a push holding only a duplicate's grant,
+//! and the record then waits for its writer) and records past their deadline are left to
+//! the other oracles.
 //!
 //! - No record: answered `true` (a tombstone is inserted).
 //! - A tombstone, with the empty id: `true`.
 //! - `refresh`: with `abandon` on a WRITING or EXPIRE_PENDING record the record expires
 //!   (memory released), `true`; otherwise `false` and the record as it was.
-//! - READY, or a writer-owned record with `abandon`: terminated, `true`.
+//! - READY, or a writer-owned record with `abandon` (the empty id included, when no
+//!   duplicate's grant can be about): terminated, `true`.
 //! - WRITING without `abandon`: deferred to CANCEL_PENDING (or, a follower, terminated), `true`.
 //! - CANCEL_PENDING or EXPIRE_PENDING without `abandon`: unchanged, `true`.
+
+use std::collections::BTreeSet;
 
 use ctlplane_core::ec::ids::{ReservationId, TransferId};
 use ctlplane_core::ec::wire::{decode_reply, decode_request, Request};
@@ -21,6 +26,7 @@ use serde_json::Value;
 
 use crate::hosts::world::Shard;
 use crate::oracle::violate;
+use crate::reserve_items::{alone, items};
 
 /// A cancel the rules decide, and the record it found.
 pub struct Judged {
@@ -30,8 +36,23 @@ pub struct Judged {
     refresh: bool,
 }
 
-/// The cancel in `frame`, if the rules decide it from what `shard` shows at `now`.
-pub fn before(frame: &[u8], now: Instant, shard: &Shard) -> Option<Judged> {
+/// Adds to `repeated` the transfers of the reserves in `frame` that may be granted a
+/// second time: a reserve of a transfer whose record is WRITING, or a transfer the request
+/// names twice. Never cleared: a transfer once in it is only judged less.
+pub fn note_reserves(frame: &[u8], shard: &Shard, repeated: &mut BTreeSet<String>) {
+    let book = shard.book();
+    let items = items(frame);
+    for item in &items {
+        let tid = &item.req.transfer_id;
+        if book.state_of(tid) == Some(State::Writing) || !alone(&items, item, |r| &r.transfer_id) {
+            repeated.insert(tid.clone());
+        }
+    }
+}
+
+/// The cancel in `frame`, if the rules decide it from what `shard` shows at `now`;
+/// `repeated` answers from what [`note_reserves`] gathered on this rank.
+pub fn before(frame: &[u8], now: Instant, shard: &Shard, repeated: impl Fn(&str) -> bool) -> Option<Judged> {
     let Ok(Request::Cancel { transfer_id, reservation_id, abandon, refresh }) = decode_request(frame, usize::MAX)
     else {
         return None;
@@ -50,7 +71,7 @@ pub fn before(frame: &[u8], now: Instant, shard: &Shard) -> Option<Judged> {
             let own = book.status_view(&TransferId::new(&transfer_id)).and_then(|v| v.reservation_id);
             let named = ReservationId::parse(&reservation_id);
             if reservation_id.is_empty() {
-                if abandon && state == State::Writing {
+                if abandon && state == State::Writing && repeated(&transfer_id) {
                     return None;
                 }
             } else if own.is_none() || named != own {

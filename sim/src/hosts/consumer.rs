@@ -111,6 +111,7 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
                 ready_answers: Default::default(),
                 engine_ready: Default::default(),
                 writers: Default::default(),
+                repeated: Default::default(),
             },
         );
     });
@@ -329,7 +330,13 @@ async fn serve(
         let mut reply = Vec::new();
         let served = clock::now();
         let repeats = crate::reserve_duplicate::before(&frame, served, &shard.borrow());
-        let cancel = crate::cancel_rules::before(&frame, served, &shard.borrow());
+        world::with(|w| {
+            if let Some(r) = w.ranks.get_mut(host) {
+                crate::cancel_rules::note_reserves(&frame, &shard.borrow(), &mut r.repeated);
+            }
+        });
+        let repeated = |tid: &str| world::with(|w| w.ranks.get(host).is_none_or(|r| r.repeated.contains(tid)));
+        let cancel = crate::cancel_rules::before(&frame, served, &shard.borrow(), repeated);
         let reserves = crate::reserve_follower::before(host, &frame, served, &shard.borrow());
         let step = shard.borrow_mut().serve_request(&frame, served, &mut reply);
         world::with(|w| {

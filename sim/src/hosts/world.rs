@@ -60,6 +60,9 @@ pub struct Rank {
     pub engine_ready: std::collections::VecDeque<String>,
     /// The transfers it answered `write: true`, by `mm_hash` (`reserve-follower`).
     pub writers: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Transfers a reserve may have granted a second time (a duplicate's grant) while
+    /// their record was WRITING (`cancel-rules`).
+    pub repeated: std::collections::BTreeSet<String>,
 }
 
 /// How an item of a request ended.
