@@ -628,6 +628,23 @@ impl Peer {
         }
     }
 
+    /// `p2p-send-failed`: a connection a send failed on is dead when
+    /// `handle_send_failed` returns, and so is the session on it (p2p-behaviour.md §2.8,
+    /// §2.9: a send failure marks the connection dead; the peer is dead).
+    fn check_send_failed(&self, peer: &str, conn: ConnId) {
+        let session_alive = self.manager.session_conn(peer) == Some(conn) && self.manager.is_alive(peer);
+        if session_alive || registry_holds_live(self.manager.registry(), conn) {
+            oracle::violate(
+                "p2p-send-failed",
+                &self.name,
+                format!(
+                    "a send on connection {conn} to {peer} failed; afterwards the {} still alive",
+                    if session_alive { "session on it is" } else { "connection is" }
+                ),
+            );
+        }
+    }
+
     /// A peer-close fault: the application closes its session with `peer`. `p2p-closed`:
     /// the session is dead once `close` returns (its Disconnect queued first).
     async fn close_session(&mut self, peer: &str) {
@@ -996,7 +1013,9 @@ impl Peer {
                         (None, _) => Err(format!("no DEALER for connection {conn}")),
                     };
                     if let Err(e) = result {
+                        let peer = self.dealers.get(&conn).map(|d| d.peer.clone()).unwrap_or_default();
                         self.manager.handle_send_failed(conn, &e);
+                        self.check_send_failed(&peer, conn);
                     }
                 }
             }
