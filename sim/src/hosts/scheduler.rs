@@ -48,6 +48,9 @@ struct Host {
     requests: BTreeMap<RequestId, usize>,
     /// Colliding requests ([`Collisions`]): no workload request of their own.
     colliders: BTreeSet<RequestId>,
+    /// Items the core resolved per workload request it has not finished: once all are,
+    /// the request is done in the same turn (`request-resolves`).
+    items_done: BTreeMap<RequestId, usize>,
     discovery: Rc<ControlClient>,
     cancels: BTreeMap<ConsumerId, Rc<ControlClient>>,
     tx: mpsc::UnboundedSender<Msg>,
@@ -117,6 +120,7 @@ pub async fn run(host: String) -> turmoil::Result {
         core,
         consumers,
         requests: BTreeMap::new(),
+        items_done: BTreeMap::new(),
         colliders: BTreeSet::new(),
         discovery,
         cancels,
@@ -261,8 +265,21 @@ impl Host {
                 self.send(t).await;
                 continue;
             }
-            let Some(event) = self.core.poll_event() else { return };
+            let Some(event) = self.core.poll_event() else { break };
             self.carry_out(event);
+        }
+        // A request whose every item resolved is finished at once: its end is what cancels
+        // its items' records (ec-behaviour.md §6.4).
+        for (request, &n) in &self.items_done {
+            let Some(&r) = self.requests.get(request) else { continue };
+            let items = self.workload.get(r).map_or(0, |req| req.items.len());
+            if n >= items {
+                crate::oracle::violate(
+                    "request-resolves",
+                    &self.name,
+                    format!("all {n} items of request {r} resolved, and the scheduler did not finish it"),
+                );
+            }
         }
     }
 
@@ -366,7 +383,8 @@ impl Host {
                     );
                 }
             }
-            SchedulerEvent::ItemDone { transfer_id, fate, .. } => {
+            SchedulerEvent::ItemDone { request, transfer_id, fate, .. } => {
+                *self.items_done.entry(request).or_default() += 1;
                 let fate = match fate {
                     CoreFate::Loaded => ItemFate::Loaded,
                     CoreFate::LoadFailed => ItemFate::LoadFailed,
@@ -379,6 +397,7 @@ impl Host {
             }
             SchedulerEvent::RequestDone { consumer, request } => {
                 self.colliders.remove(&request);
+                self.items_done.remove(&request);
                 if let Some(r) = self.requests.remove(&request) {
                     crate::trace::record(host, "ec.request_done", &[("request", &r)]);
                     if let Some(req) = self.workload.get(r) {

@@ -432,8 +432,23 @@ impl Peer {
         }
         let before = registry.stats();
         let handed = input.router.len() as u64;
+        // What the registry may drop: a message that is not two frames, names no UTF-8
+        // identity, is larger than the frame limit or is not one msgpack value. Judged where
+        // nothing else drops (a `max_peers` bound drops the messages of peers it refuses).
+        let malformed = self
+            .max_message_bytes
+            .filter(|_| self.settings.max_peers.is_none())
+            .map(|limit| input.router.iter().filter(|frames| malformed(frames, limit)).count() as u64);
         self.manager.handle_sockets(input);
         let stats = self.manager.registry().stats();
+        let dropped = stats.frames_dropped - before.frames_dropped;
+        if let Some(malformed) = malformed.filter(|m| dropped > *m) {
+            oracle::violate(
+                "p2p-message-accounting",
+                &self.name,
+                format!("{dropped} ROUTER message(s) dropped, of which only {malformed} malformed"),
+            );
+        }
         // Every ROUTER message handed in is routed to a connection, refused by the peer
         // check or dropped, exactly once.
         let accounted_now = accounted(stats).wrapping_sub(accounted(before));
@@ -707,6 +722,13 @@ impl Peer {
         let Some(limit) = self.max_message_bytes else { return };
         let keys = vec![vec![0u8; OVERSIZE_KEY_BYTES]; limit / OVERSIZE_KEY_BYTES + 1];
         let kv = format!("{}.{}.oversize", self.name, self.inc);
+        // First one frame of exactly the limit, which both ends must let through (a response
+        // nobody asked for, so the receiver's application sends nothing back): the refused
+        // one then ends the session.
+        if let Some(msg) = at_limit(format!("{}.{}.at-limit", self.name, self.inc), limit) {
+            let sent = self.manager.send(peer, msg);
+            trace::record(&self.name, "p2p.at_limit", &[("peer", &peer), ("limit", &limit), ("ok", &sent.is_ok())]);
+        }
         let sent = self.manager.send(peer, Message::Lookup { kv_request_id: kv, keys, round_seq: 0 });
         trace::record(&self.name, "p2p.oversize", &[("peer", &peer), ("limit", &limit), ("ok", &sent.is_ok())]);
         self.settle().await;
@@ -1063,6 +1085,35 @@ impl Peer {
         dealer.connect(endpoint)?;
         Ok((dealer, pair))
     }
+}
+
+/// Whether a ROUTER message is one the registry drops: not an identity and one payload, an
+/// identity that is not UTF-8, a payload over `limit` or not one msgpack value.
+fn malformed(frames: &[Vec<u8>], limit: usize) -> bool {
+    match frames {
+        [identity, payload] => {
+            std::str::from_utf8(identity).is_err() || payload.len() > limit || value::validate(payload).is_err()
+        }
+        _ => true,
+    }
+}
+
+/// A response whose frame is exactly `limit` bytes (its one key padded to fit), if one is.
+fn at_limit(kv_request_id: String, limit: usize) -> Option<Message> {
+    let mut key_len = limit;
+    for _ in 0..4 {
+        let msg = Message::LookupResp {
+            kv_request_id: kv_request_id.clone(),
+            keys: vec![vec![1; key_len]],
+            hits: vec![false],
+        };
+        let len = value::encode(&msg.to_value()).len();
+        if len == limit {
+            return Some(msg);
+        }
+        key_len = (key_len + limit).checked_sub(len)?;
+    }
+    None
 }
 
 /// Whether a monitor event ends its connection, as the delta's transport reads them: a
