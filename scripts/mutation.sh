@@ -22,7 +22,8 @@
 #   --out    output directory (default target/mutation); cargo-mutants writes
 #            DIR/mutants.out, this script DIR/table.md
 #   --iterate  resume or redo a run in DIR: mutants an earlier run there killed or found
-#            unviable are skipped, the rest (survivors, timeouts, untested) run again, and
+#            unviable are skipped, and so are the survivors scripts/mutation-equivalent.txt
+#            judges equivalent; the rest (survivors, timeouts, untested) run again, and
 #            the table merges every run's outcomes (DIR/outcomes-*.json, oldest first). The
 #            oracles only grow stronger, so a kill stays a kill.
 #   --resume finish a run in DIR that stopped part-way (a session's end, a lost machine):
@@ -147,7 +148,9 @@ if [[ "$iterate" == 1 ]]; then
     cargo mutants "${args[@]}" --list >"$out/listed.txt"
     skip=()
     [[ "$resume" == 1 ]] && skip=(--skip-survivors)
-    only="$(python3 scripts/mutation_table.py --pending "$out/listed.txt" "${skip[@]}" "$out"/outcomes-*.json)"
+    # A survivor judged equivalent keeps that verdict: no oracle can kill it.
+    only="$(python3 scripts/mutation_table.py --pending "$out/listed.txt" "${skip[@]}" \
+        --equivalent scripts/mutation-equivalent.txt "$out"/outcomes-*.json)"
     shopt -u nullglob
     if [[ -z "$only" ]]; then
         echo "== every mutant of this run in $out is judged already"

@@ -8,7 +8,7 @@ Several outcomes.json files (the shards of one run) merge into one table; a muta
 in more than one file counts once, with its outcome in the last file named.
 
     mutation_table.py [--min-kill-rate PCT] [--equivalent LIST] [--listed LISTED] OUTCOMES_JSON...
-    mutation_table.py --pending LISTED [--skip-survivors] [--skip-unreached] OUTCOMES_JSON...
+    mutation_table.py --pending LISTED [--skip-survivors] [--skip-unreached] [--equivalent LIST] OUTCOMES_JSON...
     mutation_table.py --prune FILE[,FILE...] OUTCOMES_JSON...
 
 `--equivalent` names a file of mutants judged equivalent (one name per line, `#` starts a
@@ -31,6 +31,9 @@ survivors count as judged too (a timeout does not: it may be the machine's load)
 run interrupted on an unchanged core still has to try. An unreached mutant stays pending,
 since the simulator may reach it now, unless `--skip-unreached` is given: of the mutants
 the coverage pass still finds unreached, only those not found so before need checking.
+With `--equivalent`, a survivor (reached or not) judged equivalent counts as judged: its
+verdict is the reasoning listed, which no oracle can change, so an iterated run does not
+spend a full suite on it again.
 
 `--prune` rewrites each OUTCOMES_JSON without the outcomes of mutants in the named source
 files (those that changed since they were judged: their verdicts no longer hold), and
@@ -79,12 +82,9 @@ class Table:
     def set_aside(self, equivalent: set[str]) -> None:
         """Moves the survivors (reached or not) named in `equivalent` out of their lists."""
 
-        def judged(name: str) -> bool:
-            return name in equivalent or without_position(name) in equivalent
-
-        self.equivalent = sorted(name for name in self.survivors + self.unreached if judged(name))
-        self.survivors = [name for name in self.survivors if not judged(name)]
-        self.unreached = [name for name in self.unreached if not judged(name)]
+        self.equivalent = sorted(name for name in self.survivors + self.unreached if is_equivalent(name, equivalent))
+        self.survivors = [name for name in self.survivors if not is_equivalent(name, equivalent)]
+        self.unreached = [name for name in self.unreached if not is_equivalent(name, equivalent)]
 
 
 def wilson(killed: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -125,6 +125,11 @@ def projection(table: Table, listed: list[str], judged: set[str]) -> str | None:
     )
 
 
+def is_equivalent(name: str, equivalent: frozenset[str] | set[str]) -> bool:
+    """Whether `name` is judged equivalent, by its full name or wherever its function sits."""
+    return name in equivalent or without_position(name) in equivalent
+
+
 def without_position(name: str) -> str:
     """A mutant's name without its line and column (`core/src/a.rs: replace ...`): the
     form a judgement takes when it holds wherever the function's lines move."""
@@ -160,10 +165,15 @@ def merge(reports: list[dict]) -> Table:
 
 
 def pending_regex(
-    listed: list[str], reports: list[dict], skip_survivors: bool = False, skip_unreached: bool = False
+    listed: list[str],
+    reports: list[dict],
+    skip_survivors: bool = False,
+    skip_unreached: bool = False,
+    equivalent: frozenset[str] = frozenset(),
 ) -> str:
     """The listed mutants no report marks killed or unviable (with `skip_survivors`: nor
-    survived; with `skip_unreached`: nor unreached), as one anchored regex."""
+    survived; with `skip_unreached`: nor unreached; survivors named in `equivalent`
+    neither), as one anchored regex."""
     judged = ("CaughtMutant", "Unviable")
     judged += ("MissedMutant",) if skip_survivors else ()
     judged += ("Unreached",) if skip_unreached else ()
@@ -172,6 +182,7 @@ def pending_regex(
         for report in reports
         for mutant, summary in mutant_outcomes(report)
         if summary in judged
+        or (summary in ("MissedMutant", "Unreached") and is_equivalent(mutant.get("name", ""), equivalent))
     }
     return names_regex([name for name in listed if name not in done])
 
@@ -275,18 +286,20 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"mutation_table.py: cannot read {listing}: {e}", file=sys.stderr)
             return 2
-    if args.pending is not None:
-        print(pending_regex(listed, reports, args.skip_survivors, args.skip_unreached))
-        return 0
-    table = merge(reports)
+    names: set[str] = set()
     if args.equivalent is not None:
         try:
             with open(args.equivalent, encoding="utf-8") as f:
-                names = {line.split("#", 1)[0].strip() for line in f}
+                names = {line.split("#", 1)[0].strip() for line in f} - {""}
         except OSError as e:
             print(f"mutation_table.py: cannot read {args.equivalent}: {e}", file=sys.stderr)
             return 2
-        table.set_aside(names - {""})
+    if args.pending is not None:
+        print(pending_regex(listed, reports, args.skip_survivors, args.skip_unreached, frozenset(names)))
+        return 0
+    table = merge(reports)
+    if args.equivalent is not None:
+        table.set_aside(names)
     print(render(table))
     if args.listed is not None:
         judged = {mutant.get("name", "") for report in reports for mutant, _ in mutant_outcomes(report)}

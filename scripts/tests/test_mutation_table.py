@@ -113,6 +113,29 @@ def test_a_resumed_run_skips_survivors_but_tries_timeouts_again(tmp_path: Path, 
     assert capsys.readouterr().out.strip() == checked.pattern
 
 
+def test_an_iterated_run_does_not_run_an_equivalent_survivor_again(tmp_path: Path, capsys) -> None:
+    listed = [f"a.rs:{line}:5: replace f -> bool with true" for line in (1, 2, 3, 4)]
+    earlier = report(
+        outcome("a.rs", 1, "MissedMutant"),
+        outcome("a.rs", 2, "MissedMutant"),
+        outcome("a.rs", 3, "Unreached"),
+        outcome("a.rs", 4, "Timeout"),
+    )
+    by_name = frozenset({listed[0]})
+    pattern = re.compile(mutation_table.pending_regex(listed, [earlier], equivalent=by_name))
+    assert [name for name in listed if pattern.search(name)] == listed[1:]
+    anywhere = frozenset({"a.rs: replace f -> bool with true"})
+    pattern = re.compile(mutation_table.pending_regex(listed, [earlier], equivalent=anywhere))
+    assert [name for name in listed if pattern.search(name)] == [listed[3]], "a timeout is no verdict"
+    path = tmp_path / "listed.txt"
+    path.write_text("\n".join(listed) + "\n")
+    judged = tmp_path / "equivalent.txt"
+    judged.write_text(f"{listed[1]}  # an accessor\n")
+    assert mutation_table.main(["--pending", str(path), "--equivalent", str(judged), write(tmp_path, "o.json", earlier)]) == 0
+    pattern = re.compile(capsys.readouterr().out.strip())
+    assert [name for name in listed if pattern.search(name)] == [listed[0], listed[2], listed[3]]
+
+
 def test_equivalent_survivors_are_listed_apart_and_left_out_of_the_gate(tmp_path: Path, capsys) -> None:
     path = run_of(tmp_path, "CaughtMutant", "CaughtMutant", "MissedMutant", "MissedMutant")
     listed = tmp_path / "equivalent.txt"
