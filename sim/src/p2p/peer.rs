@@ -459,12 +459,16 @@ impl Peer {
                 format!("{handed} ROUTER message(s) handed in, {accounted_now} routed, refused or dropped"),
             );
         }
+        // Dead and retired: the poll sweeps again after its monitor step (docs/p2p-behaviour.md
+        // §1.9, step 4), so a connection the monitor ended is not registered when it returns.
         for (peer, conn, event) in ended {
-            if registry_holds_live(self.manager.registry(), conn) {
+            let registered = self.manager.registry().iter_connections().find(|(_, c, _)| *c == conn);
+            if let Some((_, _, alive)) = registered {
+                let how = if alive { "alive" } else { "dead but still registered" };
                 oracle::violate(
                     "p2p-monitor-fatal",
                     &self.name,
-                    format!("connection {conn} to {peer} is still alive after its monitor reported event {event:#06x}"),
+                    format!("connection {conn} to {peer} is {how} after its monitor reported event {event:#06x}"),
                 );
             }
         }
