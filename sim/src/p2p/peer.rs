@@ -179,6 +179,9 @@ struct Peer {
     /// Sends a DEALER refused for a full queue, which the registry must count alike
     /// (`p2p-message-accounting`).
     refused_full: u64,
+    /// Connections whose DEALER the registry closed: it may send on none of them again
+    /// (`p2p-send-on-closed`).
+    closed_conns: BTreeSet<ConnId>,
     /// While the node shuts down: the connections a Disconnect was handed to (`p2p-exit`).
     disconnects: Option<BTreeSet<ConnId>>,
 }
@@ -282,6 +285,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         sources: BTreeMap::new(),
         dealer_actions: (0, 0),
         refused_full: 0,
+        closed_conns: BTreeSet::new(),
         disconnects: None,
         settings: cfg.settings,
     };
@@ -998,12 +1002,23 @@ impl Peer {
                     ledger::monitor_closed(&self.name, self.inc, conn);
                     ledger::dealer_closed(&self.name, self.inc, conn);
                     trace::record(&self.name, "p2p.dealer_close", &[("peer", &peer), ("conn", &conn)]);
+                    self.closed_conns.insert(conn);
                     if let Some(d) = self.dealers.remove(&conn) {
                         d.pair.close();
                         d.dealer.close();
                     }
                 }
                 Action::Transmit { conn, frame } => {
+                    // Actions run in the order the registry queued them, so a frame after
+                    // its connection's close was queued on a connection already dead
+                    // (`may_transmit_on` refuses a send on a dead one).
+                    if self.closed_conns.contains(&conn) {
+                        oracle::violate(
+                            "p2p-send-on-closed",
+                            &self.name,
+                            format!("the registry queued a frame on connection {conn} after closing its DEALER"),
+                        );
+                    }
                     if let Some(limit) = self.max_message_bytes.filter(|l| frame.len() > *l) {
                         // The receiver's maxmsgsize would drop the whole connection.
                         oracle::violate(
