@@ -146,6 +146,9 @@ struct Peer {
     dealers: BTreeMap<ConnId, Dealer>,
     /// By peer id.
     outstanding: BTreeMap<String, Outstanding>,
+    /// Sessions with a handshake deadline, by id: the peer and the latest the deadline can
+    /// fall (`p2p-wake`).
+    handshake_due: BTreeMap<SessionId, (String, Instant)>,
     /// The application's traffic stream.
     rng: ChaCha8Rng,
     next_request: u64,
@@ -272,6 +275,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         manager,
         dealers: BTreeMap::new(),
         outstanding: BTreeMap::new(),
+        handshake_due: BTreeMap::new(),
         next_request: 0,
         next_traffic: now + Duration::from_millis(rng.gen_range(100..600)),
         rng,
@@ -318,6 +322,7 @@ pub async fn run(cfg: Rc<PeerConfig>) -> turmoil::Result {
         // reconnect or a handshake deadline due.
         let step = clock::now() + POLL_INTERVAL;
         let wake = peer.manager.poll_timeout().map_or(step, |due| due.min(step));
+        peer.check_wake(wake);
         tokio::select! {
             biased;
             _ = peer.router.readable() => {}
@@ -581,7 +586,33 @@ impl Peer {
 
     fn new_session(&mut self, peer: &str, conn: ConnId, session: SessionId) {
         trace::record(&self.name, "p2p.session", &[("peer", &peer), ("conn", &conn), ("session", &session)]);
+        if !self.settings.no_handshake_deadline {
+            // Attached at the tick's time, at most now: its deadline falls by now + the limit
+            // (the slack covers the deadline's own nanosecond).
+            let latest = clock::now() + HANDSHAKE_TIMEOUT + Duration::from_millis(1);
+            self.handshake_due.insert(session, (peer.to_string(), latest));
+        }
         self.outstanding.insert(peer.to_string(), Outstanding { session, requests: BTreeSet::new() });
+    }
+
+    /// `p2p-wake`: the loop's next wake, from the manager's `poll_timeout`, comes no later
+    /// than the handshake deadline of any session still waiting for its handshake
+    /// (p2p-behaviour.md §2.3 and §3.4: the loop wakes at the manager's `poll_timeout`,
+    /// so the deadline falls on time with no message arriving). A later wake lets a
+    /// silent session outlive its deadline.
+    fn check_wake(&mut self, wake: Instant) {
+        let manager = &self.manager;
+        self.handshake_due.retain(|session, (peer, _)| {
+            manager.session_id(peer) == Some(*session) && manager.is_alive(peer) && !manager.is_ready(peer)
+        });
+        let Some((session, (peer, due))) = self.handshake_due.iter().min_by_key(|(_, (_, due))| *due) else { return };
+        if wake > *due {
+            oracle::violate(
+                "p2p-wake",
+                &self.name,
+                format!("the manager next wakes at {wake}, after the handshake deadline {due} of session {session} with {peer}"),
+            );
+        }
     }
 
     /// The application: answer requests, match responses.
