@@ -394,7 +394,18 @@ fn flush_events(
         let transfer_id = decode_event(&frame).ok().flatten().map(|e| e.transfer_id);
         match push.try_send(vec![frame.clone()]) {
             Ok(()) => {
+                let queued = shard.borrow().pending_events();
                 shard.borrow_mut().confirm_sent();
+                if shard.borrow().pending_events() + 1 != queued {
+                    // The same event would go out again and again: stop publishing for
+                    // this turn so the run reaches its verdict.
+                    crate::oracle::violate(
+                        "backlog-bounded",
+                        host,
+                        format!("the PUSH socket took an event and the backlog of {queued} kept it"),
+                    );
+                    return Ok(false);
+                }
                 if let Some(tid) = transfer_id {
                     let drained = shard.borrow_mut().drain_ready();
                     crate::ready_log::note_published(host, drained, &tid);
