@@ -1196,50 +1196,74 @@ impl<R: RngCore> ReservationBook<R> {
         if total != self.slab.used_bytes() {
             return Err(format!("owned regions cover {total} bytes, the slab handed out {}", self.slab.used_bytes()));
         }
-        let mut shape_refs: BTreeMap<ShapeId, u32> = BTreeMap::new();
-        for (tid, r) in self.sorted_records() {
-            *shape_refs.entry(r.shape).or_default() += 1;
-            if r.state.is_writer_owned() && !r.is_follower() && r.owned().is_none() {
-                return Err(format!("writer-owned writer {tid:?} ({}) lost its destination", r.state));
-            }
-            let listed = self.tombstones.get(&r.tomb_seq) == Some(tid);
-            if r.state.is_terminal() != listed {
-                return Err(format!("{tid:?} in {} tombstone listing {listed}", r.state));
-            }
-            if r.state.is_terminal() && (r.dest != Dest::None || r.link.is_some()) {
-                return Err(format!("terminal {tid:?} still holds memory or links"));
-            }
-            let never = r.state.is_deferred() && self.config.regressions.s11_grace_period_free.is_none();
-            if r.state.is_active() && never != (r.deadline == NEVER) {
-                return Err(format!("{tid:?} in {} has deadline {}", r.state, r.deadline));
-            }
-            if r.state.is_active() && r.deadline < self.next_due {
-                return Err(format!("{tid:?} is due at {} before next_due {}", r.deadline, self.next_due));
-            }
-            if let Some(w) = r.writer() {
-                let writer = self.records.get(w).ok_or_else(|| format!("follower {tid:?} of missing writer {w:?}"))?;
-                let shares = matches!((r.dest, writer.dest), (Dest::Shared(a), Dest::Own(b)) if a == b);
-                if !writer.followers().contains(tid) || !shares || r.state != State::Writing {
-                    return Err(format!("follower {tid:?} is not linked to writer {w:?}"));
-                }
-            } else if matches!(r.dest, Dest::Shared(_)) {
-                return Err(format!("{tid:?} shares a destination without a writer"));
-            }
-            for f in r.followers() {
-                if self.records.get(f).and_then(|fr| fr.writer()) != Some(tid) {
-                    return Err(format!("writer {tid:?} lists {f:?} which does not follow it"));
-                }
-            }
+        /// What the records hold, counted in the one walk over them.
+        #[derive(Default)]
+        struct Tally {
+            shape_refs: BTreeMap<ShapeId, u32>,
+            leases: BTreeMap<EntryId, u32>,
+            census: Census,
         }
+        // Each record, counted as it is checked. Walked in hash order, which is fast; a
+        // failure is looked for again in transfer id order, so the record an error names
+        // is the same on every run.
+        let check_records = |records: Vec<(&TransferId, &Record)>| -> Result<Tally, String> {
+            let mut tally = Tally::default();
+            for (tid, r) in records {
+                *tally.shape_refs.entry(r.shape).or_default() += 1;
+                if let Dest::Lease(e) = r.dest {
+                    *tally.leases.entry(e).or_default() += 1;
+                }
+                // The census the drivers report, counted record by record.
+                if r.state.is_terminal() {
+                    tally.census.tombstones += 1;
+                } else {
+                    tally.census.live += 1;
+                }
+                if r.state.is_writer_owned() {
+                    tally.census.writer_owned += 1;
+                }
+                if r.state.is_writer_owned() && !r.is_follower() && r.owned().is_none() {
+                    return Err(format!("writer-owned writer {tid:?} ({}) lost its destination", r.state));
+                }
+                let listed = self.tombstones.get(&r.tomb_seq) == Some(tid);
+                if r.state.is_terminal() != listed {
+                    return Err(format!("{tid:?} in {} tombstone listing {listed}", r.state));
+                }
+                if r.state.is_terminal() && (r.dest != Dest::None || r.link.is_some()) {
+                    return Err(format!("terminal {tid:?} still holds memory or links"));
+                }
+                let never = r.state.is_deferred() && self.config.regressions.s11_grace_period_free.is_none();
+                if r.state.is_active() && never != (r.deadline == NEVER) {
+                    return Err(format!("{tid:?} in {} has deadline {}", r.state, r.deadline));
+                }
+                if r.state.is_active() && r.deadline < self.next_due {
+                    return Err(format!("{tid:?} is due at {} before next_due {}", r.deadline, self.next_due));
+                }
+                if let Some(w) = r.writer() {
+                    let writer =
+                        self.records.get(w).ok_or_else(|| format!("follower {tid:?} of missing writer {w:?}"))?;
+                    let shares = matches!((r.dest, writer.dest), (Dest::Shared(a), Dest::Own(b)) if a == b);
+                    if !writer.followers().contains(tid) || !shares || r.state != State::Writing {
+                        return Err(format!("follower {tid:?} is not linked to writer {w:?}"));
+                    }
+                } else if matches!(r.dest, Dest::Shared(_)) {
+                    return Err(format!("{tid:?} shares a destination without a writer"));
+                }
+                for f in r.followers() {
+                    if self.records.get(f).and_then(|fr| fr.writer()) != Some(tid) {
+                        return Err(format!("writer {tid:?} lists {f:?} which does not follow it"));
+                    }
+                }
+            }
+            Ok(tally)
+        };
+        let Tally { shape_refs, leases, census: counted } = match check_records(self.records.iter().collect()) {
+            Ok(tally) => tally,
+            Err(_) => check_records(self.sorted_records())?,
+        };
         for (id, refs) in self.shapes.iter() {
             if shape_refs.get(&id).copied().unwrap_or(0) != refs {
                 return Err(format!("shape {id} counts {refs} references, records hold {:?}", shape_refs.get(&id)));
-            }
-        }
-        let mut leases: BTreeMap<EntryId, u32> = BTreeMap::new();
-        for r in self.records.values() {
-            if let Dest::Lease(e) = r.dest {
-                *leases.entry(e).or_default() += 1;
             }
         }
         for (id, e) in self.resident.entries() {
@@ -1251,22 +1275,19 @@ impl<R: RngCore> ReservationBook<R> {
                 ));
             }
         }
-        // The census the drivers report, counted record by record.
-        let states = || self.records.values().map(|r| r.state);
-        let counted = Census {
-            live: states().filter(|s| !s.is_terminal()).count(),
-            tombstones: states().filter(|s| s.is_terminal()).count(),
-            writer_owned: states().filter(|s| s.is_writer_owned()).count(),
-        };
         if self.census() != counted {
             return Err(format!("census {:?}, the records hold {counted:?}", self.census()));
         }
         if self.tombstones.len() > self.config.tombstone_limit {
             return Err(format!("{} tombstones over the limit {}", self.tombstones.len(), self.config.tombstone_limit));
         }
-        for (seq, tid) in &self.tombstones {
-            if self.records.get(tid).is_none_or(|r| r.tomb_seq != *seq || !r.state.is_terminal()) {
-                return Err(format!("tombstone {seq} -> {tid:?} is stale"));
+        // Every terminal record is listed at its own place (checked above), so the listing
+        // can hold a stale place only when it is longer than the terminal records.
+        if self.tombstones.len() != counted.tombstones {
+            for (seq, tid) in &self.tombstones {
+                if self.records.get(tid).is_none_or(|r| r.tomb_seq != *seq || !r.state.is_terminal()) {
+                    return Err(format!("tombstone {seq} -> {tid:?} is stale"));
+                }
             }
         }
         for (fp, tid) in self.writers.sorted() {
