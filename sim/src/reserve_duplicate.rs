@@ -1,7 +1,7 @@
 //! `reserve-duplicate`: a reserve repeating a live transfer's reservation is answered with
 //! that reservation (ec-behaviour.md, the reserve result: a duplicate reserve of an
 //! in-flight transfer answers `write: false, ready: false`, one of a READY transfer its
-//! record again). A retried reserve whose reply was lost is such a repeat; answered
+//! record again; either way the reservation's destination and size). A retried reserve whose reply was lost is such a repeat; answered
 //! `conflicting reservation`, the push fails an item the consumer holds.
 //!
 //! Judged per reserve item whose transfer, before the request, had a WRITING or READY
@@ -22,6 +22,8 @@ pub struct Repeat {
     item: Option<usize>,
     transfer_id: String,
     ready: bool,
+    /// The reservation's size, which the answer repeats.
+    nbytes: u64,
 }
 
 /// The items of `frame` that repeat a live record of `shard`, before it serves them at `now`.
@@ -45,6 +47,7 @@ pub fn before(frame: &[u8], now: Instant, shard: &Shard) -> Vec<Repeat> {
                 item: item.index,
                 transfer_id: req.transfer_id.clone(),
                 ready: state == State::Ready,
+                nbytes: view.nbytes,
             })
         })
         .collect()
@@ -62,7 +65,9 @@ pub fn check(host: &str, repeats: &[Repeat], reply: &[u8]) {
             Err(error) => Some(format!("refused: {error}")),
             Ok(result) => {
                 let flag = |k: &str| result.get(k).and_then(Value::as_bool);
-                (flag("write") != Some(false) || flag("ready") != Some(r.ready)).then(|| format!("answered {result}"))
+                let nbytes = result.get("nbytes").and_then(Value::as_u64);
+                (flag("write") != Some(false) || flag("ready") != Some(r.ready) || nbytes != Some(r.nbytes))
+                    .then(|| format!("answered {result} (the reservation holds {} bytes)", r.nbytes))
             }
         };
         if let Some(wrong) = wrong {
