@@ -47,7 +47,9 @@ struct Host {
     /// Workload request index of each core request.
     requests: BTreeMap<RequestId, usize>,
     /// Colliding requests ([`Collisions`]): no workload request of their own.
-    colliders: BTreeSet<RequestId>,
+    /// The value: whether its item was refused yet (it must be within the pump that
+    /// follows the request).
+    colliders: BTreeMap<RequestId, bool>,
     /// Items the core resolved per workload request it has not finished: once all are,
     /// the request is done in the same turn (`request-resolves`).
     items_done: BTreeMap<RequestId, usize>,
@@ -121,7 +123,7 @@ pub async fn run(host: String) -> turmoil::Result {
         consumers,
         requests: BTreeMap::new(),
         items_done: BTreeMap::new(),
-        colliders: BTreeSet::new(),
+        colliders: BTreeMap::new(),
         discovery,
         cancels,
         tx,
@@ -143,6 +145,7 @@ pub async fn run(host: String) -> turmoil::Result {
     loop {
         let now = clock::now();
         // Requests arriving: wait for every item's events.
+        let mut made = Vec::new();
         while let Some(req) = workload.get(next).filter(|r| r.at <= now) {
             let r = next;
             next += 1;
@@ -157,7 +160,8 @@ pub async fn run(host: String) -> turmoil::Result {
                 let clash = (item.transfer_id.clone(), format!("{}-collision", item.mm_hash));
                 crate::trace::record(&h.name, "ec.colliding_request", &[("transfer_id", &clash.0)]);
                 let id = h.core.request(consumer, [clash], now);
-                h.colliders.insert(id);
+                h.colliders.insert(id, false);
+                made.push(id);
             }
             if let Some(halt) = h.core.halted() {
                 // The exception left `schedule()`: EngineCore is gone, and nothing resolves
@@ -182,6 +186,17 @@ pub async fn run(host: String) -> turmoil::Result {
             checked = true;
         }
         h.pump().await;
+        for id in made {
+            // A colliding transfer id is refused when the request names it (ec-behaviour.md,
+            // S24): its item resolves at once, without waiting for any event.
+            if h.colliders.get(&id) == Some(&false) {
+                crate::oracle::violate(
+                    "request-resolves",
+                    &h.name,
+                    format!("the colliding request {id:?} made at {now} was not refused at once"),
+                );
+            }
+        }
         crate::scheduler_quiet::check_busy(&h.name, &h.core, h.in_flight.len(), now);
         let wake = h
             .core
@@ -371,7 +386,8 @@ impl Host {
                     format!("{transfer_id} of a request finished earlier (aborted) resolved {fate:?} afterwards"),
                 );
             }
-            SchedulerEvent::ItemDone { request, transfer_id, fate, .. } if self.colliders.contains(&request) => {
+            SchedulerEvent::ItemDone { request, transfer_id, fate, .. } if self.colliders.contains_key(&request) => {
+                self.colliders.insert(request, true);
                 // Only the colliding request fails; the first keeps the id.
                 let refused = fate == CoreFate::Unavailable;
                 world::with(|w| w.count(if refused { "collisions.refused" } else { "collisions.served" }, 1));
