@@ -1,8 +1,9 @@
 //! `reserve-duplicate`: a reserve repeating a live transfer's reservation is answered with
 //! that reservation (ec-behaviour.md, the reserve result: a duplicate reserve of an
 //! in-flight transfer answers `write: false, ready: false`, one of a READY transfer its
-//! record again; either way the reservation's destination and size). A retried reserve whose reply was lost is such a repeat; answered
-//! `conflicting reservation`, the push fails an item the consumer holds.
+//! record again; either way with the reservation's size, which is judged here). A retried
+//! reserve whose reply was lost is such a repeat; answered `conflicting reservation`, the
+//! push fails an item the consumer holds.
 //!
 //! Judged per reserve item whose transfer, before the request, had a WRITING or READY
 //! record with the same `mm_hash`, shape and dtype and a deadline still ahead.
