@@ -34,9 +34,11 @@
 #            again; the other files keep theirs.
 #   --no-reach  run every mutant, reached or not (no coverage pass)
 #
-# Mutants run in random order (cargo-mutants' --shuffle): a run stopped part-way has judged
-# a uniform sample of the mutants it had left, so the table's estimate for the rest
-# (scripts/mutation_table.py --listed) is not skewed toward the files listed first.
+# Mutants run in random order (cargo-mutants' --shuffle), those scripts/mutation-equivalent.txt
+# judges equivalent after the rest: a run stopped part-way has judged a uniform sample of
+# the undecided mutants it had left, so the table's estimate for the rest
+# (scripts/mutation_table.py --listed) is not skewed toward the files listed first, and
+# its time went to mutants whose verdict was not known.
 #
 # The mutants to run are built into one suite (scripts/mutation_schemata.py with
 # tools/mutation-schemata: each behind a runtime switch, in target/mutation-schemata),
@@ -237,7 +239,8 @@ n=$(find "$out" -maxdepth 1 -name 'outcomes-*.json' | wc -l)
 schemata="$out/outcomes-$(printf %03d "$n")-schemata.json"
 echo "== ${#files[@]} decision modules' mutants built into one suite, each run with its switch on ($seeds seeds, timeout ${timeout} s)"
 python3 "$root/scripts/mutation_schemata.py" --listed "$out/to-judge.json" --src "$tree" \
-    --work "$root/target/mutation-schemata" --seeds "$seeds" --timeout "$timeout" --out "$schemata"
+    --work "$root/target/mutation-schemata" --seeds "$seeds" --timeout "$timeout" --out "$schemata" \
+    --equivalent "$root/scripts/mutation-equivalent.txt"
 left="$(python3 "$root/scripts/mutation_table.py" --pending "$out/to-judge.txt" --skip-survivors "$schemata")"
 status=0
 if [[ -n "$left" ]]; then

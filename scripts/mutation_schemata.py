@@ -11,6 +11,7 @@ to judge the classic way (one build of its own). Verdicts are written to OUT aft
 mutant, in cargo-mutants' outcomes format, so a run stopped part-way keeps them.
 
     mutation_schemata.py --listed LISTED.json --src TREE --work COPY --seeds N --timeout S --out OUT
+                         [--equivalent LIST]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import mutation_table  # noqa: E402
 import mutation_tree  # noqa: E402
 
 TEST = "seeded_suite_of_the_full_topology_has_no_violations"
@@ -166,6 +168,17 @@ def judge(suite_exe: str, work: str, mutant_id: int, seeds: int, timeout: float)
     return ("MissedMutant" if proc.returncode == 0 else "CaughtMutant"), time.monotonic() - started
 
 
+def run_order(listing: list[dict], placed: list[int], equivalent: frozenset[str], rng: random.Random) -> list[int]:
+    """The mutants in random order, those judged equivalent last: a run stopped part-way
+    has spent its time on the mutants whose verdict is not known yet (an equivalent one
+    runs only to confirm it survives), and each part is still a uniform sample of its kind."""
+    first = [i for i in placed if not mutation_table.is_equivalent(listing[i]["name"], equivalent)]
+    last = [i for i in placed if mutation_table.is_equivalent(listing[i]["name"], equivalent)]
+    rng.shuffle(first)
+    rng.shuffle(last)
+    return first + last
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mutation_schemata.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--listed", required=True, help="cargo mutants --list --json of the mutants to judge")
@@ -174,7 +187,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--timeout", type=float, required=True, help="seconds per mutant's suite")
     parser.add_argument("--out", required=True, help="outcomes JSON to write")
+    parser.add_argument("--equivalent", help="mutants judged equivalent (scripts/mutation-equivalent.txt): run last")
     args = parser.parse_args(argv)
+    equivalent = mutation_table.read_equivalent(args.equivalent) if args.equivalent else frozenset()
     with open(args.listed, encoding="utf-8") as f:
         listing = json.load(f)
     if not listing:
@@ -193,8 +208,7 @@ def main(argv: list[str]) -> int:
         log(f"the copy with no mutant on fails its suite ({summary}): no verdict is taken from it")
         return 1
     log(f"the copy with no mutant on passes {args.seeds} seeds in {secs:.0f} s")
-    order = list(placed)
-    random.shuffle(order)
+    order = run_order(listing, placed, equivalent, random.Random())
     counts: dict[str, int] = {}
     started = time.monotonic()
     for n, i in enumerate(order, 1):

@@ -130,6 +130,12 @@ def is_equivalent(name: str, equivalent: frozenset[str] | set[str]) -> bool:
     return name in equivalent or without_position(name) in equivalent
 
 
+def read_equivalent(path: str) -> frozenset[str]:
+    """The names a list of equivalents judges (one a line, `#` starts the reason)."""
+    with open(path, encoding="utf-8") as f:
+        return frozenset({line.split("#", 1)[0].strip() for line in f} - {""})
+
+
 def without_position(name: str) -> str:
     """A mutant's name without its line and column (`core/src/a.rs: replace ...`): the
     form a judgement takes when it holds wherever the function's lines move."""
@@ -286,16 +292,15 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"mutation_table.py: cannot read {listing}: {e}", file=sys.stderr)
             return 2
-    names: set[str] = set()
+    names: frozenset[str] = frozenset()
     if args.equivalent is not None:
         try:
-            with open(args.equivalent, encoding="utf-8") as f:
-                names = {line.split("#", 1)[0].strip() for line in f} - {""}
+            names = read_equivalent(args.equivalent)
         except OSError as e:
             print(f"mutation_table.py: cannot read {args.equivalent}: {e}", file=sys.stderr)
             return 2
     if args.pending is not None:
-        print(pending_regex(listed, reports, args.skip_survivors, args.skip_unreached, frozenset(names)))
+        print(pending_regex(listed, reports, args.skip_survivors, args.skip_unreached, names))
         return 0
     table = merge(reports)
     if args.equivalent is not None:

@@ -4,6 +4,7 @@ error is blamed on, and that its verdicts read like cargo-mutants' in the table.
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -61,3 +62,12 @@ def test_verdicts_merge_into_the_table_as_cargo_mutants_outcomes() -> None:
 def test_an_error_on_the_switch_itself_is_blamed_on_it(tmp_path: Path) -> None:
     # A switch where no function may be called (a constant) is rejected at the call.
     assert blame(tmp_path, error(2, 8, "E0015")) == 3
+
+
+def test_mutants_judged_equivalent_run_last_and_every_placed_one_runs_once() -> None:
+    listing = [{"name": f"core/src/ec/a.rs:{i}:5: replace f{i} -> bool with true"} for i in range(12)]
+    equivalent = frozenset({listing[2]["name"], "core/src/ec/a.rs: replace f7 -> bool with true"})
+    placed = [0, 1, 2, 3, 5, 7, 8, 11]
+    order = mutation_schemata.run_order(listing, placed, equivalent, random.Random(4))
+    assert sorted(order) == placed
+    assert set(order[-2:]) == {2, 7}
