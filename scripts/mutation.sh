@@ -88,7 +88,7 @@ fi
 files=(
     core/src/ec/reservations.rs core/src/ec/slab.rs core/src/ec/shard.rs core/src/ec/serve_step.rs
     core/src/ec/producer.rs core/src/ec/request_slot.rs core/src/ec/inbox.rs core/src/ec/readiness.rs
-    core/src/ec/scheduler.rs 'core/src/ec/scheduler/*.rs'
+    core/src/ec/scheduler.rs 'core/src/ec/scheduler/*.rs' core/src/ec/shutdown_drain.rs
     core/src/p2p/registry.rs core/src/p2p/session.rs 'core/src/p2p/manager/*.rs' 'core/src/p2p/manager/**/*.rs'
 )
 # The oracles' own code: the book's and the slab's invariant checks, and the views of

@@ -88,6 +88,11 @@ class ConsumerShardServer:
         """Binds and serves on ctlplane's thread; ``RuntimeError`` when it cannot."""
     def close(self) -> None:
         """Stops serving and frees both ports. Idempotent."""
+    def shutdown(self, timeout_s: float = 30.0) -> int:
+        """Worker close with writers in flight: refuses new reserves, serves on while the
+        writers drain (up to ``timeout_s``), then closes. Returns the writers left: 0 when
+        the pool may be released, more when it must stay registered. ``RuntimeError`` when
+        not running."""
     def status(self, transfer_id: str) -> dict[str, Any] | None:
         """What the ``status`` op answers."""
     def take(self, transfer_id: str, mm_hash: str) -> tuple[int, int] | None:

@@ -3,9 +3,10 @@
 //! takes the GIL; Python reads the book between requests.
 
 use crate::json;
-use ctlplane_core::ec::defaults::RESERVATION_TTL;
+use ctlplane_core::ec::defaults::{CONTROL_TIMEOUT, RESERVATION_TTL};
 use ctlplane_core::ec::shard::ShardConfig;
 use ctlplane_core::ec::wire::StatusResult;
+use ctlplane_core::ec::DrainOutcome;
 use ctlplane_zmq::ConsumerControlServer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -80,6 +81,26 @@ impl ConsumerShardServer {
                 server.close();
             }
         });
+    }
+
+    /// Worker close with writers in flight (race S21): refuses new reserves, serves on
+    /// while the core's drain waits up to `timeout_s` for the writers, then closes.
+    /// Returns the writers left: 0 when the pool may be released, more when it must stay
+    /// registered (a remote writer may still write into it). Not running: `RuntimeError`.
+    #[pyo3(signature = (timeout_s=CONTROL_TIMEOUT.as_secs_f64()))]
+    fn shutdown(&self, py: Python<'_>, timeout_s: f64) -> PyResult<usize> {
+        let timeout =
+            Duration::try_from_secs_f64(timeout_s).map_err(|e| PyValueError::new_err(format!("timeout_s: {e}")))?;
+        py.detach(|| {
+            let taken = self.server().take();
+            let Some(mut server) = taken else {
+                return Err(PyRuntimeError::new_err("the consumer shard server is not running"));
+            };
+            Ok(match server.shutdown(timeout) {
+                DrainOutcome::Released => 0,
+                DrainOutcome::KeptPool { writers } => writers,
+            })
+        })
     }
 
     /// This shard's REP port.

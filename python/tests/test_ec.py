@@ -338,3 +338,40 @@ def test_one_socket_per_thread(shard, client):
 def test_uuid_reservation_ids(shard, client):
     g = client.request(addr_of(shard), reserve_req(11))
     assert uuid.UUID(g["reservation_id"])
+
+
+def _shutting_down(client, addr: str, i: int) -> bool:
+    """Whether a repeated reserve of live writer `i` is refused: the book began its shutdown."""
+    try:
+        client.request(addr, reserve_req(i))
+    except RuntimeError as e:
+        assert "shutting down" in str(e)
+        return True
+    return False
+
+
+def test_shutdown_waits_for_a_writer_and_releases_the_pool_once_it_completes(shard, client):
+    addr = addr_of(shard)
+    granted = client.request(addr, reserve_req(1))
+    assert granted["write"] is True
+    outcome: list[int] = []
+    closer = threading.Thread(target=lambda: outcome.append(shard.shutdown(30.0)))
+    closer.start()
+    wait_for(lambda: _shutting_down(client, addr, 1))
+    assert closer.is_alive(), "the close did not wait for the writer"
+    done = client.request(addr, {"op": "complete", "transfer_id": tid(1),
+                                 "reservation_id": granted["reservation_id"]})
+    assert done["completed"] is True
+    closer.join(timeout=20)
+    assert outcome == [0]
+    with pytest.raises(RuntimeError, match="not running"):
+        shard.shutdown()
+
+
+def test_shutdown_keeps_the_pool_registered_when_writers_outlast_the_wait(shard, client):
+    addr = addr_of(shard)
+    for i in (1, 2):
+        assert client.request(addr, reserve_req(i))["write"] is True
+    assert shard.shutdown(0.2) == 2
+    with pytest.raises(ValueError, match="timeout_s"):
+        ec.ConsumerShardServer("127.0.0.1", free_port(), 1 << 20).shutdown(-1.0)

@@ -7,7 +7,7 @@
 //! still land in it: every fresh writer grant of its slab has had its write return, or its
 //! producer abandoned it there or finished the push. A close that timed out keeps the slab
 //! registered, so a late write lands in memory nobody reuses (`write-owned` judges it
-//! against the book the rank closed with).
+//! against the book the rank closed with); it must have had a writer left to wait for.
 
 use ctlplane_core::ec::State;
 
@@ -32,9 +32,20 @@ pub fn check_served(host: &str, shard: &Shard, granted_writer: bool) {
     check_shut(host, shard);
 }
 
-/// The rank closes; `keep_slab` false: it releases its pool.
-pub fn check_release(host: &str, session: &str, keep_slab: bool) {
+/// The rank closes; `keep_slab` false: it releases its pool. A pool kept registered
+/// must have had a reason: a record of the workload still writer-owned when the wait ran
+/// out (else the close waited out its timeout and leaked the pool for nothing).
+pub fn check_release(host: &str, session: &str, shard: &Shard, keep_slab: bool) {
     if keep_slab {
+        let tids: Vec<String> = world::with(|w| w.items.keys().cloned().collect());
+        let writers = tids.iter().filter(|t| shard.book().state_of(t).is_some_and(State::is_writer_owned)).count();
+        if writers == 0 {
+            crate::oracle::violate(
+                ORACLE,
+                host,
+                format!("pool of {session} kept registered though no writer could still land in it"),
+            );
+        }
         return;
     }
     let open: Vec<String> = world::with(|w| {

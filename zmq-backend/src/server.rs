@@ -12,7 +12,7 @@ use crate::serve_loop::{self, Bound};
 use crate::{lock, sockets};
 use ctlplane_core::ec::config::zmq_path;
 use ctlplane_core::ec::defaults::REP_RECV_TIMEOUT;
-use ctlplane_core::ec::{ConsumerShard, ShardConfig, ShardStats};
+use ctlplane_core::ec::{ConsumerShard, DrainOutcome, DrainStep, ShardConfig, ShardStats, ShutdownDrain};
 use rand_core::{OsRng, RngCore};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -101,6 +101,8 @@ pub struct ConsumerControlServer<R = OsRng> {
     event_port: u16,
     event_endpoint: String,
     shard: Arc<Mutex<ConsumerShard<R>>>,
+    /// The serving thread's clock (the shard's instants are counted from its origin).
+    clock: Clock,
     stop: Arc<AtomicBool>,
     serving: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -156,6 +158,7 @@ impl<R: RngCore + Send + 'static> ConsumerControlServer<R> {
             event_port,
             event_endpoint,
             shard,
+            clock,
             stop,
             serving,
             thread: Some(thread),
@@ -197,7 +200,35 @@ impl<R: RngCore + Send + 'static> ConsumerControlServer<R> {
     pub fn is_serving(&self) -> bool {
         self.serving.load(Ordering::Acquire)
     }
+
+    /// Worker close with writers in flight (docs/ec-behaviour.md §3.7, race S21): puts the
+    /// book into shutdown, serves on while the core's [`ShutdownDrain`] waits up to
+    /// `timeout` for the writers to complete, then closes. The outcome says whether the
+    /// pool may be released or must stay registered (a remote writer may still write).
+    pub fn shutdown(&mut self, timeout: Duration) -> DrainOutcome {
+        let drain = self.with_shard(|shard| ShutdownDrain::begin(shard, self.clock.now(), timeout));
+        let outcome = loop {
+            let now = self.clock.now();
+            match self.with_shard(|shard| drain.poll(shard, now)) {
+                DrainStep::Done(outcome) => break outcome,
+                DrainStep::Wait { until } => std::thread::sleep(DRAIN_POLL.min(until.saturating_duration_since(now))),
+            }
+        };
+        match outcome {
+            DrainOutcome::Released => tracing::debug!(port = self.port, "EC control channel drained"),
+            DrainOutcome::KeptPool { writers } => tracing::warn!(
+                port = self.port,
+                writers,
+                "EC control channel closed with {writers} writer(s) in flight; the receive pool stays registered"
+            ),
+        }
+        self.close();
+        outcome
+    }
 }
+
+/// How often `shutdown` looks at the book while writers drain.
+const DRAIN_POLL: Duration = Duration::from_millis(5);
 
 impl<R> ConsumerControlServer<R> {
     /// Stops the loop and waits for the thread; its sockets close with linger 0.

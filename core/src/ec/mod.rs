@@ -28,6 +28,7 @@ pub mod scheduler;
 pub mod serve_step;
 pub mod shapes;
 pub mod shard;
+pub mod shutdown_drain;
 pub mod slab;
 pub mod state;
 pub mod token;
@@ -42,4 +43,5 @@ pub use reservations::{
 };
 pub use serve_step::ServeStep;
 pub use shard::{ConsumerShard, ShardConfig, ShardStats};
+pub use shutdown_drain::{DrainOutcome, DrainStep, ShutdownDrain};
 pub use state::State;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use ctlplane_core::ec::defaults::{CONTROL_TIMEOUT, REP_RECV_TIMEOUT};
 use ctlplane_core::ec::inbox::decode_event;
 use ctlplane_core::ec::State;
-use ctlplane_core::ec::{ConsumerShard, ServeStep, ShardConfig};
+use ctlplane_core::ec::{ConsumerShard, DrainOutcome, DrainStep, ServeStep, ShardConfig, ShutdownDrain};
 use ctlplane_core::time::Instant;
 
 use super::world::{self, stream, Rank};
@@ -122,7 +122,7 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
     if let Stop::Closed { keep_slab } = stop {
         // Clients of the closed REP see timeouts until the next incarnation binds.
         drop((rep, push));
-        crate::shutdown::check_release(&host, &session, keep_slab);
+        crate::shutdown::check_release(&host, &session, &shard.borrow(), keep_slab);
         world::with(|w| w.rank_closed(&host, keep_slab));
         crate::trace::record(&host, "ec.shard.closed", &[("slab_kept", &keep_slab)]);
         world::with(|w| w.count(if keep_slab { "shutdown.slab_kept" } else { "shutdown.released" }, 1));
@@ -177,9 +177,9 @@ impl Stop {
 enum Close {
     /// Shutdown begins at the first fresh writer grant from `at`, or at `at + PATIENCE`.
     Armed { at: Instant },
-    /// Shutdown began: the REP serves on (completions must reach the book) until no
-    /// writer is left or `deadline` (the control timeout) passes.
-    Closing { deadline: Instant },
+    /// Shutdown began: the REP serves on (completions must reach the book) while the
+    /// core's drain waits for the writers, up to the control timeout.
+    Closing { drain: ShutdownDrain },
 }
 
 impl Close {
@@ -191,7 +191,7 @@ impl Close {
     fn wake(&self) -> Instant {
         match *self {
             Close::Armed { at } => at + ConsumerShutdown::PATIENCE,
-            Close::Closing { deadline } => deadline,
+            Close::Closing { drain } => drain.deadline(),
         }
     }
 }
@@ -209,30 +209,26 @@ fn advance_close(
         Close::Armed { at } => {
             if now >= at && (granted_writer || now >= at + ConsumerShutdown::PATIENCE) {
                 let writers = shard.borrow().writer_owned_count();
-                shard.borrow_mut().begin_shutdown(now);
+                let drain = ShutdownDrain::begin(&mut *shard.borrow_mut(), now, CONTROL_TIMEOUT);
                 world::with(|w| w.dirty.insert(host.to_string()));
                 crate::trace::record(host, "ec.shard.shutdown", &[("writers", &writers)]);
                 world::with(|w| {
                     w.count("shutdown.begun", 1);
                     w.count("shutdown.writers", writers as u64);
                 });
-                *close = Some(Close::Closing { deadline: now + CONTROL_TIMEOUT });
+                *close = Some(Close::Closing { drain });
                 crate::shutdown::check_shut(host, &shard.borrow());
                 return advance_close(host, shard, close, false);
             }
             None
         }
-        Close::Closing { deadline } => {
-            if shard.borrow().writer_owned_count() == 0 {
+        Close::Closing { drain } => match drain.poll(&shard.borrow(), now) {
+            DrainStep::Wait { .. } => None,
+            DrainStep::Done(outcome) => {
                 *close = None;
-                Some(Stop::Closed { keep_slab: false })
-            } else if now >= deadline {
-                *close = None;
-                Some(Stop::Closed { keep_slab: true })
-            } else {
-                None
+                Some(Stop::Closed { keep_slab: matches!(outcome, DrainOutcome::KeptPool { .. }) })
             }
-        }
+        },
     }
 }
 
