@@ -31,7 +31,7 @@ impl ConsumerShardServer {
     fn with_shard<T>(&self, f: impl FnOnce(&mut ctlplane_core::ec::ConsumerShard<OsRng>) -> T) -> PyResult<T> {
         match self.server().as_ref() {
             Some(server) => Ok(server.with_shard(f)),
-            None => Err(PyRuntimeError::new_err("the consumer shard server is not running")),
+            None => Err(not_running()),
         }
     }
 }
@@ -94,7 +94,7 @@ impl ConsumerShardServer {
         py.detach(|| {
             let taken = self.server().take();
             let Some(mut server) = taken else {
-                return Err(PyRuntimeError::new_err("the consumer shard server is not running"));
+                return Err(not_running());
             };
             Ok(match server.shutdown(timeout) {
                 DrainOutcome::Released => 0,
@@ -173,6 +173,10 @@ impl ConsumerShardServer {
 }
 
 /// `e`'s causes, for the exception text.
+fn not_running() -> PyErr {
+    PyRuntimeError::new_err("the consumer shard server is not running")
+}
+
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut parts = Vec::new();
     let mut cause = e.source();

@@ -17,7 +17,7 @@ const ORACLE: &str = "shutdown-safe";
 
 /// Right after `begin_shutdown`: nothing READY or WRITING is left.
 pub fn check_shut(host: &str, shard: &Shard) {
-    let live = live_records(shard);
+    let live = records(shard, |s| matches!(s, State::Ready | State::Writing));
     if !live.is_empty() {
         crate::oracle::violate(ORACLE, host, format!("after shutdown began the book still holds {live:?}"));
     }
@@ -37,9 +37,7 @@ pub fn check_served(host: &str, shard: &Shard, granted_writer: bool) {
 /// out (else the close waited out its timeout and leaked the pool for nothing).
 pub fn check_release(host: &str, session: &str, shard: &Shard, keep_slab: bool) {
     if keep_slab {
-        let tids: Vec<String> = world::with(|w| w.items.keys().cloned().collect());
-        let writers = tids.iter().filter(|t| shard.book().state_of(t).is_some_and(State::is_writer_owned)).count();
-        if writers == 0 {
+        if records(shard, State::is_writer_owned).is_empty() {
             crate::oracle::violate(
                 ORACLE,
                 host,
@@ -60,11 +58,8 @@ pub fn check_release(host: &str, session: &str, shard: &Shard, keep_slab: bool) 
     }
 }
 
-/// Records of the workload's transfers that are READY or WRITING.
-fn live_records(shard: &Shard) -> Vec<(String, State)> {
+/// Records of the workload's transfers whose state `keep` selects.
+fn records(shard: &Shard, keep: impl Fn(State) -> bool) -> Vec<(String, State)> {
     let tids: Vec<String> = world::with(|w| w.items.keys().cloned().collect());
-    tids.into_iter()
-        .filter_map(|t| shard.book().state_of(&t).map(|s| (t, s)))
-        .filter(|(_, s)| matches!(s, State::Ready | State::Writing))
-        .collect()
+    tids.into_iter().filter_map(|t| shard.book().state_of(&t).map(|s| (t, s))).filter(|(_, s)| keep(*s)).collect()
 }
