@@ -7,8 +7,12 @@
 //! still land in it: every fresh writer grant of its slab has had its write return, or its
 //! producer abandoned it there or finished the push. A close that timed out keeps the slab
 //! registered, so a late write lands in memory nobody reuses (`write-owned` judges it
-//! against the book the rank closed with); it must have had a writer left to wait for.
+//! against the book the rank closed with); it must have had a writer left to wait for,
+//! and have waited the whole control timeout for it.
 
+use std::time::Duration;
+
+use ctlplane_core::ec::defaults::CONTROL_TIMEOUT;
 use ctlplane_core::ec::State;
 
 use crate::hosts::world::{self, Shard};
@@ -32,16 +36,28 @@ pub fn check_served(host: &str, shard: &Shard, granted_writer: bool) {
     check_shut(host, shard);
 }
 
-/// The rank closes; `keep_slab` false: it releases its pool. A pool kept registered
-/// must have had a reason: a record of the workload still writer-owned when the wait ran
-/// out (else the close waited out its timeout and leaked the pool for nothing).
-pub fn check_release(host: &str, session: &str, shard: &Shard, keep_slab: bool) {
+/// The rank closes `waited` after shutdown began; `keep_slab` false: it releases its
+/// pool. A pool kept registered must have had a reason: a record of the workload still
+/// writer-owned when the wait ran out (else the close leaked the pool for nothing), and
+/// the wait must have run the whole control timeout (else writers that would have
+/// completed in time left the pool kept).
+pub fn check_release(host: &str, session: &str, shard: &Shard, keep_slab: bool, waited: Duration) {
     if keep_slab {
         if records(shard, State::is_writer_owned).is_empty() {
             crate::oracle::violate(
                 ORACLE,
                 host,
                 format!("pool of {session} kept registered though no writer could still land in it"),
+            );
+        }
+        if waited < CONTROL_TIMEOUT {
+            crate::oracle::violate(
+                ORACLE,
+                host,
+                format!(
+                    "pool of {session} kept registered {waited:?} after shutdown began, before the control timeout \
+                     ({CONTROL_TIMEOUT:?}) gave its writers their time"
+                ),
             );
         }
         return;

@@ -119,10 +119,10 @@ async fn run_incarnation(host: &str) -> Option<Duration> {
 
     let mut close = shutdown.map(Close::armed);
     let stop = serve(&host, incarnation, consumer, rank, &shard, (&rep, &push), &mut close).await;
-    if let Stop::Closed { keep_slab } = stop {
+    if let Stop::Closed { keep_slab, waited } = stop {
         // Clients of the closed REP see timeouts until the next incarnation binds.
         drop((rep, push));
-        crate::shutdown::check_release(&host, &session, &shard.borrow(), keep_slab);
+        crate::shutdown::check_release(&host, &session, &shard.borrow(), keep_slab, waited);
         world::with(|w| w.rank_closed(&host, keep_slab));
         crate::trace::record(&host, "ec.shard.closed", &[("slab_kept", &keep_slab)]);
         world::with(|w| w.count(if keep_slab { "shutdown.slab_kept" } else { "shutdown.released" }, 1));
@@ -159,8 +159,8 @@ enum Stop {
     /// A socket failed.
     Failed(String),
     /// A clean close ended (race S21): every writer gone, or the control timeout passed
-    /// with some left (then the slab stays registered).
-    Closed { keep_slab: bool },
+    /// with some left (then the slab stays registered); `waited`: since shutdown began.
+    Closed { keep_slab: bool, waited: Duration },
 }
 
 impl Stop {
@@ -178,8 +178,9 @@ enum Close {
     /// Shutdown begins at the first fresh writer grant from `at`, or at `at + PATIENCE`.
     Armed { at: Instant },
     /// Shutdown began: the REP serves on (completions must reach the book) while the
-    /// core's drain waits for the writers, up to the control timeout.
-    Closing { drain: ShutdownDrain },
+    /// core's drain waits for the writers, up to the control timeout. `began` is the
+    /// host's own note of when, so the oracle does not take the wait from the drain.
+    Closing { drain: ShutdownDrain, began: Instant },
 }
 
 impl Close {
@@ -191,7 +192,7 @@ impl Close {
     fn wake(&self) -> Instant {
         match *self {
             Close::Armed { at } => at + ConsumerShutdown::PATIENCE,
-            Close::Closing { drain } => drain.deadline(),
+            Close::Closing { drain, .. } => drain.deadline(),
         }
     }
 }
@@ -216,17 +217,18 @@ fn advance_close(
                     w.count("shutdown.begun", 1);
                     w.count("shutdown.writers", writers as u64);
                 });
-                *close = Some(Close::Closing { drain });
+                *close = Some(Close::Closing { drain, began: now });
                 crate::shutdown::check_shut(host, &shard.borrow());
                 return advance_close(host, shard, close, false);
             }
             None
         }
-        Close::Closing { drain } => match drain.poll(&shard.borrow(), now) {
+        Close::Closing { drain, began } => match drain.poll(&shard.borrow(), now) {
             DrainStep::Wait { .. } => None,
             DrainStep::Done(outcome) => {
                 *close = None;
-                Some(Stop::Closed { keep_slab: matches!(outcome, DrainOutcome::KeptPool { .. }) })
+                let keep_slab = matches!(outcome, DrainOutcome::KeptPool { .. });
+                Some(Stop::Closed { keep_slab, waited: now.saturating_duration_since(began) })
             }
         },
     }
