@@ -19,6 +19,7 @@ pub mod faults;
 pub mod hosts;
 pub mod knobs;
 pub mod landed;
+pub mod load_report;
 pub mod oracle;
 pub mod p2p;
 pub mod perfetto;

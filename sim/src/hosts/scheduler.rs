@@ -377,7 +377,9 @@ impl Host {
                     loaded &= took;
                 }
                 crate::trace::record(host, "ec.load", &[("transfer_id", &transfer_id), ("loaded", &loaded)]);
+                let before = self.core.readiness(consumer).and_then(|r| r.state(&transfer_id));
                 self.core.report_load(consumer, &transfer_id, loaded, now);
+                crate::load_report::check(host, &self.core, consumer, &transfer_id, before, loaded);
             }
             SchedulerEvent::ItemDone { request, transfer_id, fate, .. } if self.aborted.contains(&request) => {
                 crate::oracle::violate(
