@@ -19,7 +19,7 @@ use ctlplane_core::p2p::messages::{Message, Parsed};
 use ctlplane_core::p2p::options::{SendMode, DEALER_LINGER, DEALER_SNDHWM, MONITOR_EVENT_MASK, ROUTER_LINGER};
 use ctlplane_core::p2p::registry::{ConnectionRegistry, Direction, RegistryStats};
 use ctlplane_core::p2p::session::{SessionConfig, MAX_CONSECUTIVE_DISPATCH_ERRORS};
-use ctlplane_core::p2p::{value, Action, ConnId, MonitorEvent, PollInput, RegistryConfig, T0Switches};
+use ctlplane_core::p2p::{value, Action, ConnId, MonitorEvent, PollInput, RegistryConfig, T0Switches, TransportError};
 use ctlplane_core::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1074,7 +1074,19 @@ impl Peer {
                             Ok(()) => Ok(()),
                             Err(ZmqError::Again) => {
                                 self.refused_full += 1;
-                                Err(self.manager.queue_full(conn).to_string())
+                                let error = self.manager.queue_full(conn);
+                                // The caller's error names the peer whose queue is full.
+                                if !matches!(&error, TransportError::QueueFull { peer } if *peer == d.peer) {
+                                    oracle::violate(
+                                        "p2p-message-accounting",
+                                        &self.name,
+                                        format!(
+                                            "the full queue of {}'s connection {conn} reported as: {error}",
+                                            d.peer
+                                        ),
+                                    );
+                                }
+                                Err(error.to_string())
                             }
                             Err(e) => Err(format!("send to {} failed: {e}", d.peer)),
                         },
