@@ -15,6 +15,7 @@ pub mod clock;
 pub mod delivery;
 pub mod device;
 pub mod engine;
+pub mod expire_on_time;
 pub mod faults;
 pub mod hosts;
 pub mod knobs;

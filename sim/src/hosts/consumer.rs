@@ -278,7 +278,9 @@ async fn serve(
                     let s = shard.borrow();
                     (s.poll_timeout(), s.stats().reaps)
                 };
+                let not_due = crate::expire_on_time::not_due(&shard.borrow(), now);
                 shard.borrow_mut().handle_timeout(now);
+                crate::expire_on_time::check(host, &shard.borrow(), &not_due, now);
                 crate::shard_counters::note_timer(host, due, now, reaps, &shard.borrow());
                 world::with(|w| w.dirty.insert(host.to_string()));
                 continue;
