@@ -65,6 +65,8 @@ struct Host {
     /// request sent and not answered yet (`scheduler-quiet` counts them).
     lanes: BTreeMap<ConsumerId, CancelLane>,
     in_flight: BTreeMap<Token, Lane>,
+    /// Items every rank took (`load-reported`).
+    loaded: crate::load_report::Loaded,
 }
 
 /// How long before the end of the run a lost load must have begun, past its LOADING
@@ -132,6 +134,7 @@ pub async fn run(host: String) -> turmoil::Result {
         aborted: BTreeSet::new(),
         lanes: BTreeMap::new(),
         in_flight: BTreeMap::new(),
+        loaded: Default::default(),
     };
     // Client aborts, in time order (`WorkloadConfig::abort`).
     let mut aborts: Vec<(Instant, usize)> =
@@ -304,6 +307,7 @@ impl Host {
             Lane::Cancel(c) => match self.cancels.get(&c) {
                 Some(client) => {
                     self.lanes.entry(c).or_default().sent(&self.name, &t.addr, &t.frame);
+                    self.loaded.check_cancel(&self.name, c, &t.frame);
                     client.clone()
                 }
                 None => return,
@@ -380,6 +384,9 @@ impl Host {
                 let before = self.core.readiness(consumer).and_then(|r| r.state(&transfer_id));
                 self.core.report_load(consumer, &transfer_id, loaded, now);
                 crate::load_report::check(host, &self.core, consumer, &transfer_id, before, loaded);
+                if loaded {
+                    self.loaded.note(consumer, &transfer_id);
+                }
             }
             SchedulerEvent::ItemDone { request, transfer_id, fate, .. } if self.aborted.contains(&request) => {
                 crate::oracle::violate(
