@@ -54,7 +54,8 @@ pub fn check(
     let want = if loaded { TransferState::Ready } else { TransferState::Failed };
     let now = core.readiness(consumer).and_then(|r| r.state(transfer_id));
     // A FAILED record may be reaped at once when the table is over its bound.
-    if now != Some(want) && !(now.is_none() && !loaded) {
+    let reaped = now.is_none() && !loaded;
+    if now != Some(want) && !reaped {
         violate(
             ORACLE,
             host,
