@@ -172,11 +172,12 @@ impl ConsumerShardServer {
     }
 }
 
-/// `e`'s causes, for the exception text.
+/// The error of a call made after `stop` or `shutdown`.
 fn not_running() -> PyErr {
     PyRuntimeError::new_err("the consumer shard server is not running")
 }
 
+/// `e`'s causes, for the exception text.
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut parts = Vec::new();
     let mut cause = e.source();

@@ -23,11 +23,10 @@ pub struct NotDue {
 
 /// The records of the workload not yet due at `now`, just before the shard's timer runs.
 pub fn not_due(shard: &Shard, now: Instant) -> Vec<NotDue> {
-    let tids: Vec<String> = world::with(|w| w.items.keys().cloned().collect());
     let book = shard.book();
-    tids.into_iter()
-        .filter_map(|t| {
-            let state = book.state_of(&t).filter(|s| matches!(s, State::Ready | State::Writing))?;
+    world::workload_records(shard, |s| matches!(s, State::Ready | State::Writing))
+        .into_iter()
+        .filter_map(|(t, state)| {
             let deadline = book.deadline_of(&t).filter(|d| *d > now)?;
             Some(NotDue { transfer_id: t, state, deadline })
         })

@@ -21,7 +21,7 @@ const ORACLE: &str = "shutdown-safe";
 
 /// Right after `begin_shutdown`: nothing READY or WRITING is left.
 pub fn check_shut(host: &str, shard: &Shard) {
-    let live = records(shard, |s| matches!(s, State::Ready | State::Writing));
+    let live = world::workload_records(shard, |s| matches!(s, State::Ready | State::Writing));
     if !live.is_empty() {
         crate::oracle::violate(ORACLE, host, format!("after shutdown began the book still holds {live:?}"));
     }
@@ -43,7 +43,7 @@ pub fn check_served(host: &str, shard: &Shard, granted_writer: bool) {
 /// completed in time left the pool kept).
 pub fn check_release(host: &str, session: &str, shard: &Shard, keep_slab: bool, waited: Duration) {
     if keep_slab {
-        if records(shard, State::is_writer_owned).is_empty() {
+        if world::workload_records(shard, State::is_writer_owned).is_empty() {
             crate::oracle::violate(
                 ORACLE,
                 host,
@@ -72,10 +72,4 @@ pub fn check_release(host: &str, session: &str, shard: &Shard, keep_slab: bool, 
             format!("pool of {session} released while writers granted there may still land: {open:?}"),
         );
     }
-}
-
-/// Records of the workload's transfers whose state `keep` selects.
-fn records(shard: &Shard, keep: impl Fn(State) -> bool) -> Vec<(String, State)> {
-    let tids: Vec<String> = world::with(|w| w.items.keys().cloned().collect());
-    tids.into_iter().filter_map(|t| shard.book().state_of(&t).map(|s| (t, s))).filter(|(_, s)| keep(*s)).collect()
 }

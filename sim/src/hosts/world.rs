@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
-use ctlplane_core::ec::ConsumerShard;
+use ctlplane_core::ec::{ConsumerShard, State};
 use ctlplane_core::regressions::Regressions;
 use ctlplane_core::time::Instant;
 use rand::SeedableRng;
@@ -328,6 +328,13 @@ pub fn start_incarnation(host: &str) -> u32 {
         *e = e.wrapping_add(1);
         *e
     })
+}
+
+/// The records `shard` holds for the workload's transfers, with the states `keep`
+/// selects (the oracles that judge a rank's book walk the workload, not the book).
+pub fn workload_records(shard: &Shard, keep: impl Fn(State) -> bool) -> Vec<(String, State)> {
+    let tids: Vec<String> = with(|w| w.items.keys().cloned().collect());
+    tids.into_iter().filter_map(|t| shard.book().state_of(&t).map(|s| (t, s))).filter(|(_, s)| keep(*s)).collect()
 }
 
 /// The turmoil endpoint serving a logical endpoint (see [`Topology::resolve`]).
